@@ -1,0 +1,6 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Small verifiable-reward tasks generated in code (no download), used by the demo, the CLI and the tests."""
+
+from .arithmetic import accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset
+
+__all__ = ["accuracy_reward", "arithmetic_corpus", "closeness_reward", "make_arithmetic_dataset"]

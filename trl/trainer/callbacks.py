@@ -1,0 +1,51 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Trainer callbacks. `SyncRefModelCallback` decides *when* the reference model is synced with the policy."""
+
+from torch import nn
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from .ref_sync import sync_reference_model
+
+
+class SyncRefModelCallback(TrainerCallback):
+    """Moves the reference model towards the policy during training: π_ref ← α·π_θ + (1 − α)·π_ref.
+
+    With `ref_model_sync_strategy="steps"` (default) the sync runs at the end of every `ref_model_sync_steps`-th
+    optimizer step (after the optimizer update; micro-batches of gradient accumulation do not count); with
+    `"epoch"` it runs at the end of every epoch. α is `ref_model_mixup_alpha`. α = 1 is Algorithm 1 of DeepSeekMath
+    (arXiv 2402.03300); 0 < α < 1 is the soft update of TR-DPO (arXiv 2404.09656). How the tensors are mixed
+    (float32 maths, one rounding, fused kernels) is `trl.trainer.ref_sync`'s job.
+
+    [`GRPOTrainer`] registers exactly one instance when `sync_ref_model=True`; you do not need to add it.
+
+    Args:
+        ref_model (`torch.nn.Module`):
+            The reference model to update in place.
+        accelerator (`accelerate.Accelerator`, *optional*):
+            Used to unwrap the policy (DDP and friends) before syncing.
+
+    Attributes:
+        num_syncs (`int`): syncs done so far in this run.
+        last_sync_step (`int`): optimizer step of the last sync (0 before the first).
+    """
+
+    def __init__(self, ref_model: nn.Module, accelerator=None):
+        self.ref_model = ref_model
+        self.accelerator = accelerator
+        self.num_syncs = 0
+        self.last_sync_step = 0
+
+    def sync(self, args: TrainingArguments, state: TrainerState, model: nn.Module) -> None:
+        """Sync now, whatever the schedule says."""
+        policy = self.accelerator.unwrap_model(model) if self.accelerator is not None else model
+        sync_reference_model(policy, self.ref_model, args.ref_model_mixup_alpha)
+        self.num_syncs += 1
+        self.last_sync_step = state.global_step
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs):
+        if getattr(args, "ref_model_sync_strategy", "steps") == "steps" and state.global_step % args.ref_model_sync_steps == 0:
+            self.sync(args, state, model)
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs):
+        if getattr(args, "ref_model_sync_strategy", "steps") == "epoch" and state.global_step > self.last_sync_step:
+            self.sync(args, state, model)
