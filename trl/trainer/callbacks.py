@@ -4,7 +4,7 @@
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from .ref_sync import sync_reference_model
+from .ref_sync import mix_tensors_, paired_tensors
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -34,11 +34,16 @@ class SyncRefModelCallback(TrainerCallback):
         self.accelerator = accelerator
         self.num_syncs = 0
         self.last_sync_step = 0
+        self._pairs = None  # (policy tensors, reference tensors), matched by name once
+
 
     def sync(self, args: TrainingArguments, state: TrainerState, model: nn.Module) -> None:
         """Sync now, whatever the schedule says."""
-        policy = self.accelerator.unwrap_model(model) if self.accelerator is not None else model
-        sync_reference_model(policy, self.ref_model, args.ref_model_mixup_alpha)
+        if self._pairs is None:
+            policy = self.accelerator.unwrap_model(model) if self.accelerator is not None else model
+            self._pairs = paired_tensors(policy, self.ref_model)
+        policy_tensors, reference_tensors = self._pairs
+        mix_tensors_(reference_tensors, policy_tensors, args.ref_model_mixup_alpha)
         self.num_syncs += 1
         self.last_sync_step = state.global_step
 

@@ -1,0 +1,28 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+# `make demo` and `make test` set themselves up on a fresh machine (CPU torch from local disk when torch is missing).
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+export HF_HUB_OFFLINE := 1
+export DS_BUILD_OPS := 0
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test slow_tests benchmark reproduce clean
+
+setup:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -q -e ".[test]"
+
+demo: setup
+	$(PYTHON) examples/iterative_grpo_demo.py --output_dir demo_output
+
+test: setup
+	$(PYTHON) -m pytest -m "not slow" tests
+
+slow_tests: setup
+	$(PYTHON) -m pytest -m slow tests/slow
+
+benchmark: setup
+	$(PYTHON) benchmarks/benchmark_grpo_step.py
+
+clean:
+	rm -rf demo_output build dist *.egg-info .pytest_cache

@@ -1,0 +1,142 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Prints two tables: GRPO seconds/step for a fixed tiny config (with and without reference sync), and the time of
+one reference sync against the memory-bandwidth floor and a naive per-parameter update.
+
+    python benchmarks/benchmark_grpo_step.py [--steps 40] [--hidden_size 64] [--device cpu]
+"""
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import PrinterCallback, TrainerCallback  # noqa: E402
+
+from trl import GRPOConfig, GRPOTrainer, create_reference_model  # noqa: E402
+from trl.trainer.ref_sync import mix_tensors_  # noqa: E402
+from trl.models.tiny import build_tiny_causal_lm  # noqa: E402
+from trl.tasks import accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset  # noqa: E402
+
+
+class StepTimer(TrainerCallback):
+    """Wall time of each optimizer step (from on_step_begin to on_step_end)."""
+
+    def __init__(self):
+        self.times, self._start = [], None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter() - self._start)
+
+
+def grpo_step_time(model_dir: str, steps: int, sync: bool, use_cpu: bool) -> tuple[float, float, float]:
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=64,
+        num_generations=8,
+        max_completion_length=8,
+        learning_rate=1e-3,
+        beta=0.04,
+        sync_ref_model=sync,
+        ref_model_sync_steps=1,
+        ref_model_mixup_alpha=0.6,
+        max_steps=steps,
+        logging_steps=steps,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=use_cpu,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=[closeness_reward, accuracy_reward], args=config, train_dataset=make_arithmetic_dataset(4096))
+    timer = StepTimer()
+    trainer.add_callback(timer)
+    trainer.remove_callback(PrinterCallback)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    times = timer.times[len(timer.times) // 4 :]  # drop warm-up
+    peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and not use_cpu else float("nan")
+    return statistics.median(times), statistics.pstdev(times), peak
+
+
+def _sync_timer(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def sync_times(model: torch.nn.Module, repeats: int) -> dict[str, float]:
+    """Median seconds of: our sync (α=0.6), a naive per-parameter mul_/add_ loop, and one copy of all parameters."""
+    device = next(model.parameters()).device
+    reference = create_reference_model(model)
+    params = [p.detach() for p in model.parameters()]
+    refs = [p.detach() for p in reference.parameters()]
+
+    def measure(fn):
+        fn()
+        samples = []
+        for _ in range(repeats):
+            start = _sync_timer(device)
+            fn()
+            samples.append(_sync_timer(device) - start)
+        return statistics.median(samples)
+
+    def naive():
+        with torch.no_grad():
+            for r, p in zip(refs, params):
+                r.mul_(0.4).add_(p, alpha=0.6)
+
+    flat_src = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=device)
+    flat_dst = torch.empty_like(flat_src)
+    copy_time = measure(lambda: flat_dst.copy_(flat_src))
+    nbytes = flat_src.numel() * flat_src.element_size()
+    bandwidth = 2 * nbytes / copy_time  # a copy reads and writes every byte
+    return {
+        "sync": measure(lambda: mix_tensors_(refs, params, 0.6)),
+        "naive": measure(naive),
+        "floor": 3 * nbytes / bandwidth,  # the sync reads ref and policy, writes ref
+        "bytes": nbytes,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--hidden_size", type=int, default=64)
+    parser.add_argument("--num_layers", type=int, default=2)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
+    use_cpu = args.device == "cpu"
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+
+    model_dir = build_tiny_causal_lm(tempfile.mkdtemp(), corpus=arithmetic_corpus(), hidden_size=args.hidden_size, num_layers=args.num_layers)
+    print(f"\nGRPO step: {args.hidden_size}-wide {args.num_layers}-layer Qwen2, 64 completions/step (8 prompts × 8), "
+          f"max_completion_length 8, device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"| {'sync':<14} | {'s/step (median)':>15} | {'std':>8} | {'peak GPU MiB':>12} |")
+    print(f"|{'-' * 16}|{'-' * 17}|{'-' * 10}|{'-' * 14}|")
+    for sync in (False, True):
+        median, std, peak = grpo_step_time(model_dir, args.steps, sync, use_cpu)
+        label = "every step" if sync else "none"
+        print(f"| {label:<14} | {median:>15.4f} | {std:>8.4f} | {peak:>12.1f} |")
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).to(args.device)
+    result = sync_times(model, repeats=50)
+    print(f"\nOne reference sync (α=0.6), {result['bytes'] / 2**20:.2f} MiB of {args.dtype} parameters, device {args.device}")
+    print(f"| {'method':<40} | {'ms':>9} | {'× floor':>8} |")
+    print(f"|{'-' * 42}|{'-' * 11}|{'-' * 10}|")
+    for name, key in (("bandwidth floor (3 × bytes / copy BW)", "floor"), ("trl sync (mix_tensors_, fp32 maths)", "sync"), ("naive per-parameter mul_/add_", "naive")):
+        print(f"| {name:<40} | {result[key] * 1e3:>9.4f} | {result[key] / result['floor']:>8.2f} |")
+
+
+if __name__ == "__main__":
+    main()
