@@ -64,3 +64,15 @@ def unwrap_model_for_generation(model: nn.Module, accelerator, gather_deepspeed3
 def prepare_inference_model(model: nn.Module, accelerator) -> nn.Module:
     """Place a frozen model (reference or reward model) for inference under `accelerator`: no optimizer, no DDP."""
     return accelerator.prepare_model(model, evaluation_mode=True)
+
+
+@contextmanager
+def use_adapter(model: nn.Module, name: str):
+    """Run a PEFT model with adapter `name` active (frozen) inside the block; the previous adapter is active and
+    trainable again afterwards, and `name` stays frozen."""
+    previous = model.active_adapter
+    model.set_adapter(name, inference_mode=True)
+    try:
+        yield model
+    finally:
+        model.set_adapter(previous)

@@ -4,7 +4,7 @@
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from .ref_sync import mix_tensors_, paired_tensors
+from .ref_sync import mix_tensors_, reference_pairs
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -19,8 +19,9 @@ class SyncRefModelCallback(TrainerCallback):
     [`GRPOTrainer`] registers exactly one instance when `sync_ref_model=True`; you do not need to add it.
 
     Args:
-        ref_model (`torch.nn.Module`):
-            The reference model to update in place.
+        ref_model (`torch.nn.Module` or `None`):
+            The reference model to update in place. `None` for a PEFT policy whose reference is its frozen `"ref"`
+            adapter (see `add_reference_adapter`): then only adapter tensors are mixed.
         accelerator (`accelerate.Accelerator`, *optional*):
             Used to unwrap the policy (DDP and friends) before syncing.
 
@@ -29,7 +30,7 @@ class SyncRefModelCallback(TrainerCallback):
         last_sync_step (`int`): optimizer step of the last sync (0 before the first).
     """
 
-    def __init__(self, ref_model: nn.Module, accelerator=None):
+    def __init__(self, ref_model: nn.Module | None, accelerator=None):
         self.ref_model = ref_model
         self.accelerator = accelerator
         self.num_syncs = 0
@@ -41,11 +42,18 @@ class SyncRefModelCallback(TrainerCallback):
         """Sync now, whatever the schedule says."""
         if self._pairs is None:
             policy = self.accelerator.unwrap_model(model) if self.accelerator is not None else model
-            self._pairs = paired_tensors(policy, self.ref_model)
+            self._pairs = reference_pairs(policy, self.ref_model)
         policy_tensors, reference_tensors = self._pairs
         mix_tensors_(reference_tensors, policy_tensors, args.ref_model_mixup_alpha)
         self.num_syncs += 1
         self.last_sync_step = state.global_step
+
+    def state_dict(self) -> dict[str, int]:
+        """Counters to store in a checkpoint next to the reference weights."""
+        return {"num_syncs": self.num_syncs, "last_sync_step": self.last_sync_step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.num_syncs, self.last_sync_step = int(state["num_syncs"]), int(state["last_sync_step"])
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs):
         if getattr(args, "ref_model_sync_strategy", "steps") == "steps" and state.global_step % args.ref_model_sync_steps == 0:

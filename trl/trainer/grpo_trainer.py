@@ -9,11 +9,13 @@ syncing in `ref_sync` and `callbacks`.
 import json
 import os
 from collections import defaultdict
+from contextlib import contextmanager
 from collections.abc import Callable, Sized
 from typing import Any
 
 import torch
 from accelerate.utils import gather, gather_object
+from safetensors.torch import load_file, load_model, save_file, save_model
 from datasets import Dataset, IterableDataset
 from torch import nn
 from torch.utils.data import Sampler
@@ -27,8 +29,16 @@ from transformers import (
     Trainer,
     TrainerCallback,
 )
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.utils import logging
 
-from ..models.utils import create_reference_model, disable_dropout_in_model, prepare_inference_model, unwrap_model_for_generation
+from ..models.utils import (
+    create_reference_model,
+    disable_dropout_in_model,
+    prepare_inference_model,
+    unwrap_model_for_generation,
+    use_adapter,
+)
 from .callbacks import SyncRefModelCallback
 from .grpo_config import GRPOConfig
 from .grpo_losses import (
@@ -41,6 +51,14 @@ from .grpo_losses import (
     masked_mean,
     selective_log_softmax,
 )
+from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter
+
+
+logger = logging.get_logger(__name__)
+
+REF_MODEL_FILE = "ref_model.safetensors"  # full fine-tuning: the synced reference's weights
+REF_ADAPTER_FILE = "ref_adapter.safetensors"  # PEFT: the reference adapter's tensors
+REF_SYNC_STATE_FILE = "ref_sync_state.json"  # sync counters
 
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
@@ -180,6 +198,7 @@ class GRPOTrainer(Trainer):
             model = AutoModelForCausalLM.from_pretrained(model, **_model_init_kwargs(args))
         elif args.model_init_kwargs:
             raise ValueError("model_init_kwargs only apply when `model` is a path; you passed an instantiated model.")
+        given_peft_model = hasattr(model, "peft_config")
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -227,19 +246,17 @@ class GRPOTrainer(Trainer):
             if isinstance(columns, list) and "prompt" not in columns:
                 raise ValueError(f"{name} needs a 'prompt' column; it has {columns}.")
 
-        # Reference model: a frozen copy for full fine-tuning, the adapter-free base for PEFT, none when beta == 0.
+        # Reference model. Full fine-tuning: a frozen copy. PEFT: the shared base weights plus a frozen copy of the
+        # policy adapter when syncing or starting from a given (possibly trained) adapter, else the base model with
+        # adapters disabled. None when beta == 0.
         self.beta = args.beta
         self.is_peft_model = hasattr(model, "peft_config")
-        if args.beta == 0.0 or self.is_peft_model:
-            self.ref_model = None
-        else:
+        self.ref_model, self.ref_adapter = None, None
+        if args.beta != 0.0 and not self.is_peft_model:
             self.ref_model = create_reference_model(model)
-        if args.sync_ref_model and self.ref_model is None:
-            raise ValueError(
-                "sync_ref_model=True needs a separate reference model; with a PEFT model the reference is the base "
-                "model with adapters disabled and cannot be synced. Train without peft_config or set "
-                "sync_ref_model=False."
-            )
+        elif args.beta != 0.0 and (args.sync_ref_model or given_peft_model):
+            add_reference_adapter(model, REFERENCE_ADAPTER)
+            self.ref_adapter = REFERENCE_ADAPTER
         if args.disable_dropout:
             for m in (model, self.ref_model):
                 if m is not None:
@@ -303,7 +320,7 @@ class GRPOTrainer(Trainer):
         self.sync_callback: SyncRefModelCallback | None = None
         if args.sync_ref_model:
             existing = [cb for cb in self.callback_handler.callbacks if isinstance(cb, SyncRefModelCallback)]
-            if existing:  # a user-supplied one is bound to our reference instead of adding a second
+            if existing:  # a user-supplied one is bound to our reference instead of adding a second one
                 self.sync_callback = existing[0]
                 self.sync_callback.ref_model, self.sync_callback.accelerator = self.ref_model, self.accelerator
             else:
@@ -330,9 +347,54 @@ class GRPOTrainer(Trainer):
     def _get_eval_sampler(self, eval_dataset) -> Sampler:
         return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations, shuffle=False, seed=self.args.seed)
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         self._step, self._buffered_inputs = None, None
-        return super().train(*args, **kwargs)
+        if resume_from_checkpoint and self.sync_callback is not None:
+            checkpoint = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+            if checkpoint is not None:
+                self._load_reference_state(checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+
+    # ---- checkpoints: the synced reference travels with the policy ----
+
+    def _reference_tensors(self) -> dict[str, torch.Tensor]:
+        """The reference's own tensors by name: the whole reference model, or the PEFT reference adapter."""
+        if self.ref_model is not None:
+            return dict(self.accelerator.unwrap_model(self.ref_model).state_dict())
+        policy = self.accelerator.unwrap_model(self.model)
+        return {name: p.detach() for name, p in policy.named_parameters() if self.ref_adapter in name.split(".")}
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.sync_callback is None or not self.args.should_save:
+            return
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if self.ref_model is not None:
+            save_model(self.accelerator.unwrap_model(self.ref_model), os.path.join(folder, REF_MODEL_FILE))
+        else:
+            save_file({k: v.contiguous() for k, v in self._reference_tensors().items()}, os.path.join(folder, REF_ADAPTER_FILE))
+        with open(os.path.join(folder, REF_SYNC_STATE_FILE), "w") as f:
+            json.dump(self.sync_callback.state_dict(), f)
+
+    def _load_reference_state(self, checkpoint: str) -> None:
+        """Restore the synced reference (and the sync counters) saved in `checkpoint`; warn when there is none."""
+        weights = os.path.join(checkpoint, REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE)
+        if not os.path.exists(weights):
+            logger.warning(
+                f"Checkpoint {checkpoint} has no synced reference model ({os.path.basename(weights)}): the reference "
+                "restarts from the initial model, so the KL anchor jumps back to where training began. Checkpoints "
+                "written by this version with sync_ref_model=True include it."
+            )
+            return
+        if self.ref_model is not None:
+            load_model(self.accelerator.unwrap_model(self.ref_model), weights, device=str(self.accelerator.device))
+        else:
+            tensors = self._reference_tensors()
+            with torch.no_grad():
+                for name, value in load_file(weights).items():
+                    tensors[name].copy_(value)
+        with open(os.path.join(checkpoint, REF_SYNC_STATE_FILE)) as f:
+            self.sync_callback.load_state_dict(json.load(f))
 
     def _prepare_inputs(self, generation_batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Return the micro-batch to train on: generate for a new generation batch, else slice the buffered one."""
@@ -377,8 +439,25 @@ class GRPOTrainer(Trainer):
     def _ref_per_token_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
         if self.ref_model is not None:
             return self._get_per_token_logps(self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size)
-        with self.accelerator.unwrap_model(self.model).disable_adapter():  # PEFT: the base model is the reference
+        peft_model = self.accelerator.unwrap_model(self.model)
+        context = use_adapter(peft_model, self.ref_adapter) if self.ref_adapter else peft_model.disable_adapter()
+        with context:
             return self._get_per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, batch_size)
+
+    @contextmanager
+    def _sampling_rng(self):
+        """Seed sampling from (seed, micro-step, process) and leave the global RNG stream untouched.
+
+        Completions then depend on where training is, not on what consumed random numbers before, so a run resumed
+        from a checkpoint samples exactly what the uninterrupted run sampled.
+        """
+        step = self._step if self.model.training and self._step is not None else -1 - self.state.global_step
+        seed = hash((self.args.seed, step, self.accelerator.process_index)) & (2**63 - 1)
+        device = self.accelerator.device
+        devices = [device] if device.type != "cpu" else []
+        with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+            torch.manual_seed(seed)
+            yield
 
     def _calculate_rewards(self, inputs: list[dict], prompts: list, completions: list, completion_ids: list[list[int]]) -> torch.Tensor:
         """`(N, F)` float32 rewards, NaN where a function returned `None`.
@@ -427,7 +506,7 @@ class GRPOTrainer(Trainer):
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator, args.ds3_gather_for_generation) as policy:
             was_training = policy.training
             policy.eval()  # use the KV cache even with gradient checkpointing
-            with torch.no_grad():
+            with torch.no_grad(), self._sampling_rng():
                 sequences = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.generation_config)
             policy.train(was_training)
         completion_ids = sequences[:, prompt_ids.size(1) :]

@@ -11,6 +11,9 @@ import torch
 from torch import nn
 
 
+REFERENCE_ADAPTER = "ref"  # name of the frozen reference adapter of a PEFT policy
+
+
 def _named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Parameters, then floating-point buffers, by name (integer buffers such as position ids are left alone)."""
     yield from model.named_parameters()
@@ -46,6 +49,38 @@ def paired_tensors(policy: nn.Module, reference: nn.Module) -> tuple[list[torch.
         pol.append(source.detach())
         ref.append(tensor.detach())
     return pol, ref
+
+
+def paired_adapter_tensors(model: nn.Module, policy_adapter: str = "default", reference_adapter: str = "ref") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Match the tensors of a PEFT model's reference adapter with those of its policy adapter.
+
+    With LoRA the reference is the shared base model plus a frozen second adapter (see
+    `add_reference_adapter`); syncing mixes adapter tensors only. A parameter belongs to an adapter
+    when its name has a component equal to the adapter's name (e.g. `...lora_A.default.weight`).
+
+    Returns:
+        `(policy_tensors, reference_tensors)`, two aligned lists.
+
+    Raises:
+        ValueError: if the two adapters do not have the same tensors.
+    """
+    def adapter_tensors(adapter: str) -> dict[str, torch.Tensor]:
+        found = {}
+        for name, parameter in model.named_parameters():
+            parts = name.split(".")
+            if adapter in parts:
+                parts[parts.index(adapter)] = "<adapter>"
+                found[".".join(parts)] = parameter.detach()
+        return found
+
+    policy, reference = adapter_tensors(policy_adapter), adapter_tensors(reference_adapter)
+    if not reference or set(policy) != set(reference) or any(policy[k].shape != reference[k].shape for k in reference):
+        raise ValueError(
+            f"Adapter {reference_adapter!r} does not mirror adapter {policy_adapter!r} "
+            f"({len(reference)} vs {len(policy)} tensors); create it with add_reference_adapter."
+        )
+    keys = sorted(reference)
+    return [policy[k] for k in keys], [reference[k] for k in keys]
 
 
 @torch.no_grad()
@@ -104,3 +139,36 @@ def sync_reference_model(policy: nn.Module, reference: nn.Module, alpha: float) 
     """
     policy_tensors, reference_tensors = paired_tensors(policy, reference)
     mix_tensors_(reference_tensors, policy_tensors, alpha)
+
+
+def add_reference_adapter(model: nn.Module, name: str = REFERENCE_ADAPTER) -> None:
+    """Give a PEFT policy a frozen reference adapter `name`, a copy of its active adapter (bit for bit).
+
+    The reference is then "base weights + reference adapter": no second copy of the base model, and a policy that
+    starts from a trained adapter keeps that adapter as its reference (KL ≈ 0 at the first step). The new adapter's
+    parameters never require gradients, so they never enter an optimizer.
+
+    Args:
+        model: a `peft.PeftModel` (not wrapped by DDP/DeepSpeed).
+        name: the reference adapter's name.
+
+    Raises:
+        ValueError: if the model already has an adapter called `name`.
+    """
+    if name in model.peft_config:
+        raise ValueError(f"The model already has an adapter named {name!r}.")
+    active = model.active_adapter
+    model.add_adapter(name, model.peft_config[active])
+    policy_tensors, reference_tensors = paired_adapter_tensors(model, active, name)
+    mix_tensors_(reference_tensors, policy_tensors, 1.0)
+    for param_name, parameter in model.named_parameters():
+        if name in param_name.split("."):
+            parameter.requires_grad_(False)
+
+
+def reference_pairs(policy: nn.Module, reference: nn.Module | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The `(policy, reference)` tensor lists to mix: a separate reference model's tensors, or, when `reference` is
+    the policy itself (PEFT), the reference adapter's tensors against the active adapter's."""
+    if reference is None or reference is policy:
+        return paired_adapter_tensors(policy, policy.active_adapter, REFERENCE_ADAPTER)
+    return paired_tensors(policy, reference)
