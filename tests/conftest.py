@@ -1,0 +1,88 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Shared fixtures: tiny models built once per session into temp folders, the arithmetic dataset, tiny configs.
+
+Nothing here touches the network: HF_HUB_OFFLINE is set before transformers is imported, the models are random
+tiny Qwen2s written with `save_pretrained` and loaded back with `from_pretrained(path)`.
+"""
+
+import os
+
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import random  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from trl.models.tiny import build_tiny_causal_lm, build_tiny_reward_model  # noqa: E402
+from trl.tasks import arithmetic_corpus, make_arithmetic_dataset  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """`slow` tests need a GPU: skip them where there is none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="slow: GPU-only test, no CUDA device here")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    """Every test starts from the same RNG state, whatever ran before it."""
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_path(tmp_path_factory) -> str:
+    """A random tiny Qwen2ForCausalLM + BPE tokenizer trained on the arithmetic corpus (EOS = pad)."""
+    return build_tiny_causal_lm(str(tmp_path_factory.mktemp("tiny-lm")), corpus=arithmetic_corpus(), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_rm_path(tmp_path_factory, tiny_lm_path) -> str:
+    """A random tiny Qwen2ForSequenceClassification (one label) with the tiny LM's tokenizer; folder named `tiny-rm`."""
+    folder = tmp_path_factory.mktemp("rm-parent") / "tiny-rm"
+    return build_tiny_reward_model(str(folder), tiny_lm_path, seed=1)
+
+
+@pytest.fixture(scope="session")
+def _arithmetic_dataset():
+    return make_arithmetic_dataset(num_examples=64, seed=0)
+
+
+@pytest.fixture
+def arithmetic_dataset(_arithmetic_dataset):
+    """64 prompts "a+b=" with an "answer" column (a fresh reference per test; datasets are immutable)."""
+    return _arithmetic_dataset
+
+
+@pytest.fixture
+def grpo_kwargs(tmp_path):
+    """Keyword arguments for a tiny, fast, offline GRPOConfig; override per test with `{**grpo_kwargs, ...}`."""
+    return dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_prompt_length=16,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        max_steps=1,
+        seed=0,
+        dataloader_num_workers=0,
+    )

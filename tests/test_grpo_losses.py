@@ -1,0 +1,311 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""The GRPO maths (trl.trainer.grpo_losses) against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from trl.trainer.grpo_losses import (
+    ADVANTAGE_STD_EPS,
+    KL_LOG_RATIO_LINEAR_FROM,
+    aggregate_loss,
+    clipped_surrogate,
+    combine_rewards,
+    completion_mask,
+    group_advantages,
+    kl_k3,
+    masked_mean,
+    selective_log_softmax,
+)
+
+
+def exact(values, dtype=torch.float32):
+    return torch.tensor(values, dtype=torch.float64).to(dtype)
+
+
+# ---------------------------------------------------------------- combine_rewards
+
+
+def test_combine_rewards_weights_and_nan():
+    nan = float("nan")
+    per_func = torch.tensor([[1.0, nan], [nan, nan], [0.5, 2.0], [nan, -4.0]])
+    rewards, valid = combine_rewards(per_func, torch.tensor([2.0, 0.5]))
+    # nansum: a None (NaN) counts as 0; a row where every function gave None is invalid.
+    assert torch.equal(rewards, torch.tensor([2.0, 0.0, 1.0 + 1.0, -2.0]))
+    assert torch.equal(valid, torch.tensor([True, False, True, True]))
+
+
+# ---------------------------------------------------------------- group_advantages
+
+
+def test_group_advantages_binary_group():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), num_generations=4)
+    expected = 0.5 / (math.sqrt(1.0 / 3.0) + 1e-4)  # mean 0.5, sample std sqrt(1/3), eps 1e-4
+    assert ADVANTAGE_STD_EPS == 1e-4
+    assert expected == pytest.approx(0.866, abs=1e-3)
+    torch.testing.assert_close(adv, exact([expected, -expected, expected, -expected]), rtol=1e-6, atol=0)
+
+
+def test_group_advantages_two_groups_are_independent():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0, 2.0, 4.0, 6.0, 8.0]), num_generations=4)
+    # Second group: mean 5, centred [-3,-1,1,3], sample std sqrt(20/3).
+    s = math.sqrt(20.0 / 3.0) + 1e-4
+    e = 0.5 / (math.sqrt(1.0 / 3.0) + 1e-4)
+    torch.testing.assert_close(adv, exact([e, -e, e, -e, -3 / s, -1 / s, 1 / s, 3 / s]), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("value, group_size", [(0.1, 7), (0.3, 6), (0.01, 6), (0.7, 7)])
+def test_group_advantages_zero_std_group_is_exactly_zero(value, group_size):
+    rewards = torch.full((group_size,), value)
+    # The naive float32 computation leaves a residue here (this is what makes the test meaningful) ...
+    naive = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    assert (naive != 0).any()
+    # ... the library does not: an all-equal group gets exactly 0, whatever the scaling.
+    for scale in ("group", "batch", "none"):
+        adv = group_advantages(rewards, group_size, scale_rewards=scale)
+        assert torch.equal(adv, torch.zeros(group_size)), scale
+
+
+def test_group_advantages_invalid_completion_is_left_out():
+    nan = float("nan")
+    rewards = torch.tensor([1.0, nan, 0.0, 2.0, 5.0, 5.0, nan, 7.0])
+    valid = ~torch.isnan(rewards)
+    adv = group_advantages(rewards, num_generations=4, valid=valid)
+    # Group 1 without the invalid one: [1, 0, 2] → mean 1, centred [0, -1, 1], sample std 1.
+    # Group 2 without the invalid one: [5, 5, 7] → mean 17/3, centred [-2/3, -2/3, 4/3], std sqrt((4/9+4/9+16/9)/2).
+    s2 = math.sqrt((4 / 9 + 4 / 9 + 16 / 9) / 2) + 1e-4
+    expected = [0.0, 0.0, -1 / 1.0001, 1 / 1.0001, -2 / 3 / s2, -2 / 3 / s2, 0.0, 4 / 3 / s2]
+    torch.testing.assert_close(adv, exact(expected), rtol=1e-6, atol=1e-7)
+    assert adv[1].item() == 0.0 and adv[6].item() == 0.0
+    assert adv[0].item() == 0.0  # 1 is exactly the mean of the valid values
+    # Same as computing on the group with the invalid completion removed.
+    torch.testing.assert_close(adv[[0, 2, 3]], group_advantages(torch.tensor([1.0, 0.0, 2.0]), 3), rtol=0, atol=0)
+    torch.testing.assert_close(adv[[4, 5, 7]], group_advantages(torch.tensor([5.0, 5.0, 7.0]), 3), rtol=1e-6, atol=0)
+
+
+def test_group_advantages_single_valid_or_none_valid_gives_zero():
+    rewards = torch.tensor([3.0, 1.0, 2.0, 9.0, 1.0, 2.0])
+    valid = torch.tensor([True, False, False, False, False, False])
+    assert torch.equal(group_advantages(rewards, 3, valid=valid), torch.zeros(6))
+
+
+def test_group_advantages_batch_scaling():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 3.0, 3.0, 3.0, 5.0])
+    adv = group_advantages(rewards, num_generations=4, scale_rewards="batch")
+    # Batch mean 2, squared deviations 1,4,1,4,1,1,1,9 → sample variance 22/7.
+    s = math.sqrt(22 / 7) + 1e-4
+    expected = [0.5 / s, -0.5 / s, 0.5 / s, -0.5 / s, -0.5 / s, -0.5 / s, -0.5 / s, 1.5 / s]
+    torch.testing.assert_close(adv, exact(expected), rtol=1e-6, atol=0)
+
+
+def test_group_advantages_no_scaling():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 3.0, 3.0, 3.0, 5.0])
+    adv = group_advantages(rewards, num_generations=4, scale_rewards="none")
+    assert torch.equal(adv, torch.tensor([0.5, -0.5, 0.5, -0.5, -0.5, -0.5, -0.5, 1.5]))
+
+
+def test_group_advantages_errors():
+    with pytest.raises(ValueError, match="5 rewards cannot be split into groups of num_generations=2"):
+        group_advantages(torch.zeros(5), 2)
+    with pytest.raises(ValueError, match="scale_rewards must be 'group', 'batch' or 'none', got 'std'"):
+        group_advantages(torch.tensor([0.0, 1.0]), 2, scale_rewards="std")
+
+
+# ---------------------------------------------------------------- completion_mask
+
+
+def test_completion_mask_pad_equals_eos():
+    # Pad == EOS == 0: the mask stops at the *first* EOS, it does not drop every 0.
+    assert torch.equal(completion_mask(torch.tensor([[5, 6, 0, 0, 0]]), 0), torch.tensor([[1, 1, 1, 0, 0]]))
+
+
+def test_completion_mask_cases():
+    ids = torch.tensor([[5, 6, 7, 8], [0, 5, 0, 6], [5, 6, 7, 0], [3, 3, 3, 3]])
+    expected = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
+    mask = completion_mask(ids, 0)
+    assert mask.dtype == torch.long
+    assert torch.equal(mask, expected)
+
+
+def test_completion_mask_list_of_eos_ids():
+    ids = torch.tensor([[5, 9, 1, 1], [5, 6, 2, 9], [4, 4, 4, 4]])
+    assert torch.equal(completion_mask(ids, [2, 9]), torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]))
+
+
+# ---------------------------------------------------------------- selective_log_softmax
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_selective_log_softmax_matches_log_softmax_gather(dtype):
+    logits = (torch.randn(3, 5, 11) * 4).to(dtype)
+    index = torch.randint(0, 11, (3, 5))
+    expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    out = selective_log_softmax(logits, index)
+    assert out.dtype == torch.float32 and out.shape == (3, 5)
+    assert torch.equal(out, expected)
+
+
+# ---------------------------------------------------------------- kl_k3
+
+
+def test_kl_k3_moderate_values():
+    x = torch.linspace(-5.0, 5.0, 101, dtype=torch.float64)  # x = log π_ref − log π_θ
+    logp = torch.zeros(1, 101)
+    kl = kl_k3(logp, x.float().unsqueeze(0))
+    torch.testing.assert_close(kl.double(), (torch.exp(x) - x - 1).unsqueeze(0), rtol=1e-5, atol=1e-6)
+
+
+def test_kl_k3_zero_when_equal():
+    logp = torch.randn(4, 6) - 3
+    assert torch.equal(kl_k3(logp, logp.clone()), torch.zeros(4, 6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kl_k3_finite_value_and_gradient_at_extreme_log_ratios(dtype):
+    logp = torch.zeros(1, 2, dtype=dtype, requires_grad=True)
+    ref = torch.tensor([[100.0, -100.0]], dtype=dtype)  # x = +100 and −100
+    kl = kl_k3(logp, ref)
+    kl.sum().backward()
+    assert kl.dtype == torch.float32
+    assert torch.isfinite(kl).all() and torch.isfinite(logp.grad).all()
+    c = KL_LOG_RATIO_LINEAR_FROM
+    # x = 100: tangent continuation e^c (1 + x − c) − x − 1; x = −100: e^−100 + 100 − 1 = 99.
+    torch.testing.assert_close(kl, torch.tensor([[math.exp(c) * (1 + 100 - c) - 101, 99.0]]), rtol=1e-6, atol=0)
+    # d kl / d logp = −(d k3/dx) = −(e^min(x, c) − 1).
+    expected_grad = torch.tensor([[-(math.exp(c) - 1), 1.0]]).to(dtype)
+    torch.testing.assert_close(logp.grad, expected_grad, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=0)
+
+
+def test_kl_k3_is_continuous_at_the_linear_switch():
+    c = KL_LOG_RATIO_LINEAR_FROM
+    x = torch.tensor([[c - 1e-3, c, c + 1e-3]], dtype=torch.float32)
+    kl = kl_k3(torch.zeros_like(x), x)
+    exact_values = torch.exp(x.double()) - x.double() - 1
+    torch.testing.assert_close(kl.double(), exact_values, rtol=1e-5, atol=0)
+
+
+def test_kl_k3_non_negative_on_a_wide_grid():
+    x = torch.cat([torch.linspace(-100.0, 100.0, 20001), torch.tensor([0.0, 1e-7, -1e-7])])
+    kl = kl_k3(torch.zeros_like(x), x)
+    assert torch.isfinite(kl).all()
+    assert (kl >= 0).all()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="TRL BUG (grpo_losses.kl_k3): exp(x) - x - 1 in float32 rounds to about -6e-8 for |x| in ~[1e-5, 1e-3], "
+    "contradicting the 'non-negative' docstring. Fix: use expm1 and clamp at 0.",
+)
+def test_kl_k3_non_negative_for_small_log_ratios():
+    x = torch.logspace(-10, -1, 20000)
+    x = torch.cat([x, -x])
+    kl = kl_k3(torch.zeros_like(x), x)
+    assert (kl >= 0).all(), f"min {kl.min().item():.3g}, {(kl < 0).sum().item()} negative values"
+
+
+# ---------------------------------------------------------------- clipped_surrogate
+
+
+def test_clipped_surrogate_by_hand():
+    ratios = torch.tensor([1.5, 1.5, 0.5, 0.5, 1.1, 1.1])
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0, -2.0])
+    logp = torch.log(ratios).view(6, 1).requires_grad_(True)
+    old = torch.zeros(6, 1)
+    loss, low, high = clipped_surrogate(logp, old, advantages, epsilon_low=0.2, epsilon_high=0.2)
+    # −min(ρA, clip(ρ, 0.8, 1.2)A):
+    #  ρ=1.5,A=+1 → −1.2 (clipped high); ρ=1.5,A=−1 → +1.5; ρ=0.5,A=+1 → −0.5; ρ=0.5,A=−1 → +0.8 (clipped low);
+    #  ρ=1.1,A=±2 → ∓2.2.
+    torch.testing.assert_close(loss.squeeze(1), torch.tensor([-1.2, 1.5, -0.5, 0.8, -2.2, 2.2]), rtol=1e-6, atol=1e-6)
+    assert torch.equal(high.squeeze(1), torch.tensor([True, False, False, False, False, False]))
+    assert torch.equal(low.squeeze(1), torch.tensor([False, False, False, True, False, False]))
+    loss.sum().backward()
+    # d(−ρA)/d log π = −ρA where not clipped; 0 where the clipped branch is active.
+    torch.testing.assert_close(logp.grad.squeeze(1), torch.tensor([0.0, 1.5, -0.5, 0.0, -2.2, 2.2]), rtol=1e-6, atol=1e-6)
+
+
+def test_clipped_surrogate_asymmetric_clip_higher():
+    logp = torch.log(torch.tensor([[1.25, 1.3]]))
+    loss, low, high = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([1.0]), epsilon_low=0.2, epsilon_high=0.28)
+    torch.testing.assert_close(loss, torch.tensor([[-1.25, -1.28]]), rtol=1e-6, atol=0)
+    assert torch.equal(high, torch.tensor([[False, True]]))
+    assert not low.any()
+
+
+def test_clipped_surrogate_on_policy_is_minus_advantage():
+    logp = torch.randn(3, 4)
+    adv = torch.tensor([0.5, -1.0, 2.0])
+    loss, low, high = clipped_surrogate(logp, logp.detach(), adv, 0.2, 0.2)
+    assert torch.equal(loss, -adv.unsqueeze(1).expand(3, 4))
+    assert not low.any() and not high.any()
+
+
+# ---------------------------------------------------------------- aggregate_loss
+
+
+PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]])
+MASK = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+
+
+def test_aggregate_loss_grpo():
+    # Row means (1+2)/2 = 1.5 and (5+6+7)/3 = 6 → 3.75.
+    assert aggregate_loss(PER_TOKEN, MASK, "grpo").item() == 3.75
+
+
+def test_aggregate_loss_bnpo():
+    assert aggregate_loss(PER_TOKEN, MASK, "bnpo").item() == pytest.approx(21 / 5, rel=1e-7)
+
+
+def test_aggregate_loss_dr_grpo():
+    assert aggregate_loss(PER_TOKEN, MASK, "dr_grpo", max_completion_length=4).item() == 21 / 8
+    assert aggregate_loss(PER_TOKEN, MASK, "dr_grpo", max_completion_length=16).item() == 21 / 32
+
+
+def test_aggregate_loss_dapo():
+    # Masked sum 21 over 10 tokens of the whole generation batch.
+    assert aggregate_loss(PER_TOKEN, MASK, "dapo", num_items_in_batch=10).item() == pytest.approx(2.1, rel=1e-7)
+    torch.testing.assert_close(aggregate_loss(PER_TOKEN, MASK, "dapo", num_items_in_batch=torch.tensor(10.0)), torch.tensor(2.1))
+
+
+def test_aggregate_loss_empty_mask_is_zero():
+    mask = torch.zeros(2, 4, dtype=torch.long)
+    for loss_type in ("grpo", "bnpo"):
+        assert aggregate_loss(PER_TOKEN, mask, loss_type).item() == 0.0
+
+
+def test_aggregate_loss_errors():
+    with pytest.raises(ValueError, match="loss_type must be 'grpo', 'bnpo', 'dr_grpo' or 'dapo', got 'sum'"):
+        aggregate_loss(PER_TOKEN, MASK, "sum")
+    with pytest.raises(ValueError, match="dr_grpo' needs max_completion_length"):
+        aggregate_loss(PER_TOKEN, MASK, "dr_grpo")
+    with pytest.raises(ValueError, match="dapo' needs num_items_in_batch"):
+        aggregate_loss(PER_TOKEN, MASK, "dapo")
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_gradient_accumulation_equivalence(loss_type):
+    """Two micro-batches, each divided by the 2 accumulation steps, add up to the loss of the whole batch."""
+    per_token = torch.randn(4, 6, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]])
+    total_tokens = mask.sum().item()  # 15
+    kwargs = dict(max_completion_length=6)
+    whole = aggregate_loss(per_token, mask, loss_type, num_items_in_batch=total_tokens, **kwargs)
+    # The trainer passes num_items = total tokens / (processes × micro-batches) to each micro-batch.
+    micro = [aggregate_loss(per_token[i : i + 2], mask[i : i + 2], loss_type, num_items_in_batch=total_tokens / 2, **kwargs) for i in (0, 2)]
+    torch.testing.assert_close(micro[0] / 2 + micro[1] / 2, whole, rtol=1e-12, atol=0)
+
+
+def test_bnpo_is_not_accumulation_invariant():
+    """Documented behaviour: bnpo normalises per micro-batch, so unequal token counts break the equivalence."""
+    per_token = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    whole = aggregate_loss(per_token, mask, "bnpo")  # 6/4 = 1.5
+    split = aggregate_loss(per_token[:1], mask[:1], "bnpo") / 2 + aggregate_loss(per_token[1:], mask[1:], "bnpo") / 2  # (1+3)/2
+    assert whole.item() == 1.5 and split.item() == 2.0
+
+
+def test_masked_mean():
+    values = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert masked_mean(values, mask).item() == 2.0
+    assert masked_mean(values, torch.zeros_like(mask)).item() == 0.0

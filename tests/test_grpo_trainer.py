@@ -1,0 +1,365 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""GRPOTrainer end to end on a tiny random Qwen2 (CPU, a few steps): reference model, reward contract, log-probs,
+metrics, num_iterations, errors. Reference *syncing* during training is covered in test_callbacks.py."""
+
+import statistics
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback, TrainerState
+
+from trl import GRPOConfig, GRPOTrainer
+from trl.tasks import closeness_reward, make_arithmetic_dataset
+
+
+def first_token_reward(completion_ids, **kwargs):
+    """Varies within groups even for a random model (the arithmetic rewards are all 0 there)."""
+    return [float(ids[0] % 5) for ids in completion_ids]
+
+
+def last_log_with(trainer, key):
+    return [entry for entry in trainer.state.log_history if key in entry][-1]
+
+
+class Recording:
+    """A reward function that records every call and returns `fn(**kwargs)`."""
+
+    def __init__(self, name, fn=first_token_reward):
+        self.__name__ = name
+        self.fn = fn
+        self.calls = []
+
+    def __call__(self, **kwargs):
+        values = self.fn(**kwargs)
+        self.calls.append({**kwargs, "returned": values})
+        return values
+
+
+# ---------------------------------------------------------------- a soft-sync run shared by several tests
+
+
+@pytest.fixture(scope="module")
+def soft_sync_run(tiny_lm_path, _arithmetic_dataset, tmp_path_factory):
+    args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("soft")), use_cpu=True, report_to="none",
+                      save_strategy="no", logging_steps=1, disable_tqdm=True, per_device_train_batch_size=4,
+                      num_generations=4, max_completion_length=4, max_prompt_length=16, gradient_accumulation_steps=2,
+                      learning_rate=1e-2, seed=0, max_steps=4, sync_ref_model=True, ref_model_sync_steps=2,
+                      ref_model_mixup_alpha=0.5, reward_weights=[1.0, 0.5])
+    trainer = GRPOTrainer(tiny_lm_path, [first_token_reward, closeness_reward], args=args, train_dataset=_arithmetic_dataset)
+    trainer.train()
+    return trainer
+
+
+EXPECTED_METRICS = [
+    "reward", "reward_std", "rewards/first_token_reward/mean", "rewards/first_token_reward/std",
+    "rewards/closeness_reward/mean", "rewards/closeness_reward/std", "kl", "clip_ratio/low_mean",
+    "clip_ratio/high_mean", "clip_ratio/region_mean", "completions/mean_length", "completions/min_length",
+    "completions/max_length", "completions/clipped_ratio", "frac_reward_zero_std", "ref_model/num_syncs",
+    "num_tokens", "loss", "grad_norm",
+]
+
+
+def test_logged_metrics(soft_sync_run):
+    logs = [entry for entry in soft_sync_run.state.log_history if "loss" in entry]
+    assert [entry["step"] for entry in logs] == [1, 2, 3, 4]
+    for entry in logs:
+        missing = [key for key in EXPECTED_METRICS if key not in entry]
+        assert not missing, (entry["step"], missing)
+        assert entry["ref_model/num_syncs"] == entry["step"] // 2
+        assert 1 <= entry["completions/min_length"] <= entry["completions/mean_length"] <= entry["completions/max_length"] <= 4
+        assert 0.0 <= entry["completions/clipped_ratio"] <= 1.0
+        assert 0.0 <= entry["frac_reward_zero_std"] <= 1.0
+        # One generation per optimizer step, all rewards valid: reward = Σ w_f · mean_f.
+        weighted = entry["rewards/first_token_reward/mean"] + 0.5 * entry["rewards/closeness_reward/mean"]
+        assert entry["reward"] == pytest.approx(weighted, rel=1e-5, abs=1e-6)
+        # On-policy (num_iterations 1, steps_per_generation == gradient_accumulation_steps): the ratio is exactly 1.
+        assert entry["clip_ratio/low_mean"] == entry["clip_ratio/high_mean"] == entry["clip_ratio/region_mean"] == 0.0
+        assert entry["kl"] >= 0.0
+    # Step 1: the reference is a copy of the policy that generated and is trained (no update yet) → KL exactly 0.
+    assert logs[0]["kl"] == 0.0
+    assert logs[1]["kl"] > 0.0  # second generation comes from the updated policy
+    assert soft_sync_run.sync_callback.num_syncs == 2
+
+
+def test_reference_is_frozen_and_outside_the_optimizer(soft_sync_run):
+    trainer = soft_sync_run
+    ref_params = list(trainer.ref_model.parameters())
+    assert ref_params and all(not p.requires_grad for p in ref_params)
+    assert all(p.grad is None for p in ref_params)
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    optimized_storage = {p.data_ptr() for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert optimized  # the policy is in there
+    assert not any(id(p) in optimized for p in ref_params)
+    assert not any(p.data_ptr() in optimized_storage for p in ref_params)  # no shared storage with the policy
+    assert trainer.ref_model is not trainer.model
+
+
+def test_on_policy_batches_carry_no_old_logps(soft_sync_run):
+    chunk = soft_sync_run._buffered_inputs[0]
+    assert "old_per_token_logps" not in chunk
+    assert chunk["ref_per_token_logps"].shape == chunk["completion_ids"].shape
+
+
+def test_beta_zero_loads_no_reference_and_logs_no_kl(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs, beta=0.0), train_dataset=arithmetic_dataset)
+    assert trainer.ref_model is None and trainer.sync_callback is None
+    trainer.train()
+    assert "kl" not in trainer.state.log_history[0]
+    assert "ref_per_token_logps" not in trainer._buffered_inputs[0]
+
+
+def test_sync_ref_model_with_beta_zero_raises(grpo_kwargs):
+    with pytest.raises(ValueError, match="sync_ref_model=True needs a reference model, but beta=0.0 loads none"):
+        GRPOConfig(**grpo_kwargs, beta=0.0, sync_ref_model=True)
+
+
+def test_peft_sync_mixes_a_frozen_reference_adapter(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """PEFT: the reference is base + a frozen "ref" adapter; a hard sync copies the policy adapter bit for bit."""
+    from peft import LoraConfig
+
+    peft_config = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    args = GRPOConfig(**{**grpo_kwargs, "max_steps": 3, "sync_ref_model": True, "ref_model_sync_steps": 2, "ref_model_mixup_alpha": 1.0})
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset, peft_config=peft_config)
+    assert trainer.ref_model is None and trainer.ref_adapter == "ref"
+
+    def adapter(name):
+        return {k.replace(f".{name}.", ".<a>."): p.detach().clone() for k, p in trainer.model.named_parameters() if name in k.split(".")}
+
+    policy0, ref0 = adapter("default"), adapter("ref")
+    assert policy0.keys() == ref0.keys() and len(ref0) == 8  # 2 layers × (q, v) × (A, B)
+    assert all(torch.equal(policy0[k], ref0[k]) for k in ref0)
+    ref_params = [p for k, p in trainer.model.named_parameters() if "ref" in k.split(".")]
+    assert not any(p.requires_grad for p in ref_params)
+    records = {}
+
+    class Recorder(TrainerCallback):  # added last: runs after the sync in on_step_end
+        def on_step_end(self, args, state, control, **kwargs):
+            records[state.global_step] = (adapter("default"), adapter("ref"))
+
+    trainer.add_callback(Recorder())
+    trainer.train()
+    policy1, ref1 = records[1]
+    assert all(torch.equal(ref1[k], ref0[k]) for k in ref0)  # step 1: no sync
+    assert not all(torch.equal(policy1[k], ref1[k]) for k in ref1)
+    policy2, ref2 = records[2]
+    assert all(torch.equal(policy2[k], ref2[k]) for k in ref2)  # step 2: bitwise copy of the policy adapter
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert not any(id(p) in optimized for p in ref_params)
+    policy3, ref3 = adapter("default"), adapter("ref")
+    assert trainer.sync_callback.num_syncs == 1 and trainer.sync_callback.last_sync_step == 2
+    # Synced at step 2, then the policy adapter moved on at step 3 while the reference stayed.
+    assert not all(torch.equal(policy3[k], ref3[k]) for k in ref3)
+    assert all(torch.equal(ref3[k], ref2[k]) for k in ref3)
+
+
+def test_reward_weights_length_mismatch_raises(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    with pytest.raises(ValueError, match="reward_weights has 3 entries but there are 2 reward functions"):
+        GRPOTrainer(tiny_lm_path, [first_token_reward, closeness_reward], args=GRPOConfig(**grpo_kwargs, reward_weights=[1.0, 1.0, 1.0]),
+                    train_dataset=arithmetic_dataset)
+
+
+def test_dataset_without_prompt_column_raises(tiny_lm_path, grpo_kwargs):
+    dataset = make_arithmetic_dataset(8).rename_column("prompt", "question")
+    with pytest.raises(ValueError, match=r"train_dataset needs a 'prompt' column; it has \['question', 'answer'\]"):
+        GRPOTrainer(tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs), train_dataset=dataset)
+
+
+# ---------------------------------------------------------------- the reward-function contract
+
+
+def test_reward_function_receives_aligned_columns(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    dataset = arithmetic_dataset.add_column("idx", list(range(len(arithmetic_dataset))))
+    reward = Recording("idx_reward", lambda completion_ids, idx, **kw: [float(i) + (ids[0] % 3) for i, ids in zip(idx, completion_ids)])
+    trainer = GRPOTrainer(tiny_lm_path, reward, args=GRPOConfig(**grpo_kwargs), train_dataset=dataset)
+    trainer.train()
+    assert len(reward.calls) == 1  # one generation batch per optimizer step (steps_per_generation = 2 = grad. acc.)
+    call = reward.calls[0]
+    n = 8  # per_device 4 × steps_per_generation 2
+    for key in ("prompts", "completions", "completion_ids", "answer", "idx"):
+        assert len(call[key]) == n, key
+    assert isinstance(call["trainer_state"], TrainerState)
+    idx = call["idx"]
+    for g in range(n // 4):  # each prompt repeated num_generations = 4 times in a row
+        assert len(set(idx[4 * g : 4 * g + 4])) == 1
+    assert len(set(idx)) == 2
+    for i in range(n):
+        row = dataset[idx[i]]
+        assert call["prompts"][i] == row["prompt"]
+        assert call["answer"][i] == row["answer"]
+    tokenizer = trainer.processing_class
+    for text, ids in zip(call["completions"], call["completion_ids"]):
+        assert isinstance(text, str)
+        assert 1 <= len(ids) <= 4
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    # The numbers that come back are what gets logged.
+    log = last_log_with(trainer, "rewards/idx_reward/mean")
+    assert log["rewards/idx_reward/mean"] == pytest.approx(statistics.fmean(call["returned"]), rel=1e-6)
+    assert log["rewards/idx_reward/std"] == pytest.approx(statistics.stdev(call["returned"]), rel=1e-5)
+
+
+def test_reward_function_wrong_length_raises_with_its_name(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    def short_reward(completions, **kwargs):
+        return [0.0] * (len(completions) - 1)
+
+    trainer = GRPOTrainer(tiny_lm_path, [first_token_reward, short_reward], args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    with pytest.raises(ValueError, match="Reward function 'short_reward' returned 7 rewards for 8 completions"):
+        trainer.train()
+
+
+def test_none_rewards_are_left_out_of_the_group(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    def sometimes_none(completion_ids, **kwargs):
+        return [None if i % 4 == 1 else float(ids[0] % 5) for i, ids in enumerate(completion_ids)]
+
+    reward = Recording("sometimes_none", sometimes_none)
+    trainer = GRPOTrainer(tiny_lm_path, reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    trainer.train()
+    values = reward.calls[0]["returned"]
+    advantages = torch.cat([chunk["advantages"] for chunk in trainer._buffered_inputs]).tolist()
+    assert len(advantages) == len(values) == 8
+    for g in range(2):
+        group = values[4 * g : 4 * g + 4]
+        valid = [v for v in group if v is not None]
+        mean, std = statistics.fmean(valid), statistics.stdev(valid)
+        for i, v in enumerate(group):
+            if v is None:
+                assert advantages[4 * g + i] == 0.0
+            else:
+                assert advantages[4 * g + i] == pytest.approx((v - mean) / (std + 1e-4), rel=1e-5, abs=1e-6)
+    log = last_log_with(trainer, "rewards/sometimes_none/mean")
+    assert log["rewards/sometimes_none/mean"] == pytest.approx(statistics.fmean([v for v in values if v is not None]), rel=1e-6)
+
+
+def test_conversational_prompts_and_completions_are_messages(tiny_lm_path, grpo_kwargs):
+    dataset = make_arithmetic_dataset(16, conversational=True)
+    dataset = dataset.add_column("idx", list(range(len(dataset))))
+    reward = Recording("chat_reward")
+    trainer = GRPOTrainer(tiny_lm_path, reward, args=GRPOConfig(**grpo_kwargs), train_dataset=dataset)
+    trainer.train()
+    call = reward.calls[0]
+    tokenizer = trainer.processing_class
+    assert len(call["prompts"]) == len(call["completions"]) == 8
+    for prompt, completion, ids, idx in zip(call["prompts"], call["completions"], call["completion_ids"], call["idx"]):
+        assert prompt == dataset[idx]["prompt"]  # the messages themselves, not the rendered chat template
+        assert isinstance(prompt, list) and prompt == [{"role": "user", "content": prompt[0]["content"]}]
+        assert isinstance(completion, list) and len(completion) == 1
+        assert completion == [{"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}]
+    # The policy was prompted with the chat template (generation prompt included).
+    rendered = tokenizer.apply_chat_template(call["prompts"][0], tokenize=False, add_generation_prompt=True)
+    assert rendered.endswith("<|im_start|>assistant\n") and call["prompts"][0][0]["content"] in rendered
+    prompt_ids = trainer._buffered_inputs[0]["prompt_ids"][0]
+    prompt_mask = trainer._buffered_inputs[0]["prompt_mask"][0]
+    expected_ids = tokenizer(rendered, add_special_tokens=False)["input_ids"][-grpo_kwargs["max_prompt_length"] :]
+    assert prompt_ids[prompt_mask.bool()].tolist() == expected_ids  # the last max_prompt_length tokens
+
+
+def test_reward_model_given_as_a_path(tiny_lm_path, tiny_rm_path, arithmetic_dataset, grpo_kwargs):
+    recorder = Recording("recorder", lambda completions, **kw: [0.0] * len(completions))
+    trainer = GRPOTrainer(tiny_lm_path, [tiny_rm_path, recorder], args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    assert trainer.reward_func_names == ["tiny-rm", "recorder"]
+    trainer.train()
+    log = last_log_with(trainer, "rewards/tiny-rm/mean")
+    assert "rewards/tiny-rm/std" in log
+    # Recompute the reward model's scores on the same texts: first logit of prompt + completion.
+    call = recorder.calls[0]
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_rm_path).eval()
+    rm_tokenizer = AutoTokenizer.from_pretrained(tiny_rm_path)
+    texts = [p + c for p, c in zip(call["prompts"], call["completions"])]
+    encoded = rm_tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    with torch.no_grad():
+        scores = rm(**encoded).logits[:, 0]
+    assert log["rewards/tiny-rm/mean"] == pytest.approx(scores.mean().item(), abs=1e-5)
+    assert all(not p.requires_grad for p in trainer.reward_funcs[0].parameters())
+
+
+# ---------------------------------------------------------------- log-probs
+
+
+def test_per_token_logps_do_not_depend_on_left_padding(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    tokenizer, pad = trainer.processing_class, trainer.processing_class.pad_token_id
+    prompts = ["3+4=", "The quick brown fox jumps over 12+5="]
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert len(prompt_ids[0]) < len(prompt_ids[1])
+    completion = torch.randint(3, len(tokenizer) - 3, (2, 5))
+
+    def batch(extra):
+        width = max(len(p) for p in prompt_ids) + extra
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
+        mask = (torch.arange(width).unsqueeze(0) >= (width - torch.tensor([len(p) for p in prompt_ids])).unsqueeze(1)).long()
+        return torch.cat([ids, completion], 1), torch.cat([mask, torch.ones_like(completion)], 1)
+
+    with torch.no_grad():
+        base = trainer._get_per_token_logps(trainer.model, *batch(0), logits_to_keep=5)
+        padded = trainer._get_per_token_logps(trainer.model, *batch(3), logits_to_keep=5)
+        alone = trainer._get_per_token_logps(trainer.model, *(t[:1, -(len(prompt_ids[0]) + 5):] for t in batch(0)), logits_to_keep=5)
+        one_by_one = trainer._get_per_token_logps(trainer.model, *batch(3), logits_to_keep=5, batch_size=1)
+    assert base.shape == (2, 5) and torch.isfinite(base).all() and (base < 0).all()
+    assert (base - padded).abs().max().item() < 1e-5
+    assert (base[:1] - alone).abs().max().item() < 1e-5  # the short prompt with no padding at all
+    assert (padded - one_by_one).abs().max().item() < 1e-5
+    # Cross-check one token against a plain forward pass without any padding.
+    ids = torch.tensor([prompt_ids[1]])
+    full = torch.cat([ids, completion[1:]], 1)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=full).logits[0, -6:-1] / trainer.temperature
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, completion[1].unsqueeze(-1)).squeeze(-1)
+    assert (base[1] - expected).abs().max().item() < 1e-5
+
+
+# ---------------------------------------------------------------- num_iterations > 1 and stale generation batches
+
+
+def test_num_iterations_two_uses_old_logps(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    args = GRPOConfig(**{**grpo_kwargs, "max_steps": 2, "num_iterations": 2})
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
+    generations, micro_steps = [], []
+    generate, compute_loss = trainer._generate_and_score_completions, trainer.compute_loss
+
+    def logps_now(inputs):
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        with torch.no_grad():
+            return trainer._get_per_token_logps(trainer.model, ids, mask, inputs["completion_ids"].size(1), args.per_device_train_batch_size)
+
+    def recording_generate(inputs):
+        output = generate(inputs)
+        generations.append((output, logps_now(output)))
+        return output
+
+    def recording_compute_loss(model, inputs, **kwargs):
+        micro_steps.append((inputs["old_per_token_logps"], logps_now(inputs), inputs["completion_mask"]))
+        return compute_loss(model, inputs, **kwargs)
+
+    trainer._generate_and_score_completions = recording_generate
+    trainer.compute_loss = recording_compute_loss
+    trainer.train()
+
+    # 2 optimizer steps × 2 micro-batches = 4 micro-steps, all from ONE generation batch (2 iterations over it).
+    assert len(generations) == 1 and len(micro_steps) == 4
+    output, logps_at_generation = generations[0]
+    old, mask = output["old_per_token_logps"], output["completion_mask"]
+    assert old.shape == output["completion_ids"].shape == (8, output["completion_ids"].size(1))
+    assert torch.isfinite(old).all() and (old[mask.bool()] < 0).all()
+    torch.testing.assert_close(old, logps_at_generation, rtol=0, atol=1e-6)
+    # Iteration 1 (optimizer step 1): the policy has not moved yet, ratio ≈ 1. Iteration 2: it has moved.
+    for k, (old_chunk, now, chunk_mask) in enumerate(micro_steps):
+        diff = ((now - old_chunk).abs() * chunk_mask).max().item()
+        if k < 2:
+            assert diff < 1e-5, (k, diff)
+        else:
+            assert diff > 1e-4, (k, diff)
+    torch.testing.assert_close(micro_steps[2][0], old[:4], rtol=0, atol=0)
+    torch.testing.assert_close(micro_steps[3][0], old[4:], rtol=0, atol=0)
+    # DAPO normaliser: active tokens of the generation batch / steps_per_generation.
+    assert output["num_items_in_batch"].item() == mask.sum().item() / 2
+
+
+def test_generation_batch_spanning_optimizer_steps_gets_old_logps(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    args = GRPOConfig(**{**grpo_kwargs, "gradient_accumulation_steps": 1, "steps_per_generation": 2})
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
+    trainer.model.train()
+    rows = [arithmetic_dataset[i] for i in (0, 1) for _ in range(4)]
+    output = trainer._generate_and_score_completions(rows)
+    assert output["old_per_token_logps"].shape == output["completion_ids"].shape
+    assert output["num_items_in_batch"].item() == output["completion_mask"].sum().item() / 2
+    assert output["advantages"].shape == (8,)

@@ -1,0 +1,36 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""trl.models.utils: the reference model is a frozen, separate, bitwise copy; dropout can be switched off."""
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from trl import create_reference_model
+from trl.models.utils import disable_dropout_in_model
+
+
+def test_create_reference_model_is_a_frozen_bitwise_copy(tiny_lm_path):
+    policy = AutoModelForCausalLM.from_pretrained(tiny_lm_path).train()
+    reference = create_reference_model(policy)
+    pol, ref = dict(policy.named_parameters()), dict(reference.named_parameters())
+    assert pol.keys() == ref.keys()
+    for name in pol:
+        assert torch.equal(pol[name], ref[name]), name
+        assert ref[name].dtype == pol[name].dtype and ref[name].device == pol[name].device
+        assert ref[name].data_ptr() != pol[name].data_ptr()  # separate storage
+        assert not ref[name].requires_grad and pol[name].requires_grad
+    assert not reference.training and policy.training
+    # Tied embeddings stay tied in the copy (one tensor, as in the policy).
+    assert reference.lm_head.weight is reference.model.embed_tokens.weight
+    with torch.no_grad():
+        next(policy.parameters()).add_(1.0)
+    assert not torch.equal(next(policy.parameters()), next(reference.parameters()))
+
+
+def test_disable_dropout_in_model():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.3), nn.Sequential(nn.Dropout(0.5)))
+    disable_dropout_in_model(model)
+    assert [m.p for m in model.modules() if isinstance(m, nn.Dropout)] == [0.0, 0.0]
+    model.train()
+    x = torch.ones(1000, 2)
+    assert torch.equal(model(x), model(x))
