@@ -40,12 +40,6 @@ def test_tiny_config_overrides():
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (32, 64, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TRL BUG (models/tiny.py build_tokenizer): the byte-level BPE alphabet is only the characters of the "
-    "corpus, so any other character (e.g. the '\\n' of the ChatML template) is silently dropped on encode. "
-    "Fix: BpeTrainer(..., initial_alphabet=pre_tokenizers.ByteLevel.alphabet()).",
-)
 def test_tokenizer_round_trips_the_chat_template(tiny_lm_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
     text = tokenizer.apply_chat_template([{"role": "user", "content": "3+4="}], tokenize=False, add_generation_prompt=True)

@@ -31,11 +31,11 @@ DEFAULT_CORPUS = [
 ]
 
 
-def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = 320) -> Qwen2Tokenizer:
+def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = 384) -> Qwen2Tokenizer:
     """Train a byte-level BPE on `corpus` with Qwen2's normaliser and pre-tokeniser, as a `Qwen2Tokenizer`.
 
-    The alphabet is the (byte-level) characters seen in the corpus, so the vocabulary can be much smaller than 256
-    bytes + merges. EOS = pad = `<|endoftext|>`; the chat template is ChatML.
+    The alphabet holds all 256 byte-level symbols, so any text encodes and decodes back unchanged; merges learnt on
+    the corpus fill the rest of `vocab_size`. EOS = pad = `<|endoftext|>`; the chat template is ChatML.
 
     Args:
         corpus: training texts; defaults to a few English and arithmetic sentences.
@@ -50,7 +50,12 @@ def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = 320) -> Q
         ]
     )
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte encodes, "\n" of the chat template too
+        show_progress=False,
+    )
     bpe.train_from_iterator(corpus or DEFAULT_CORPUS, trainer)
     model_state = json.loads(bpe.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model_state["merges"]]
@@ -81,7 +86,7 @@ def tiny_qwen2_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, **o
 
 
 def build_tiny_causal_lm(
-    save_dir: str, corpus: list[str] | None = None, seed: int = 0, vocab_size: int = 320, **config_overrides
+    save_dir: str, corpus: list[str] | None = None, seed: int = 0, vocab_size: int = 384, **config_overrides
 ) -> str:
     """Save a random tiny `Qwen2ForCausalLM` and its tokenizer to `save_dir`; return the path.
 

@@ -136,7 +136,8 @@ def kl_k3(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> t
     """
     x = (ref_per_token_logps.float() - per_token_logps.float())
     x_clamped = x.clamp(max=KL_LOG_RATIO_LINEAR_FROM)
-    return torch.exp(x_clamped) * (1.0 + (x - x_clamped)) - x - 1.0
+    # expm1 avoids the cancellation of exp(x) - 1 near x = 0; the clamp removes the last rounding below zero.
+    return (torch.expm1(x_clamped) - x + torch.exp(x_clamped) * (x - x_clamped)).clamp(min=0.0)
 
 
 def clipped_surrogate(
