@@ -202,9 +202,9 @@ class GRPOTrainer(Trainer):
         if peft_config is not None:
             from peft import get_peft_model
 
+            if args.gradient_checkpointing:  # frozen embeddings: let checkpointed blocks still see a grad input
+                model.enable_input_require_grads()
             model = get_peft_model(model, peft_config)
-        if args.gradient_checkpointing:
-            model.config.use_cache = False
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
         if processing_class.pad_token is None:
