@@ -74,10 +74,16 @@ def unwrap_model_for_generation(model: nn.Module, accelerator, gather_deepspeed3
 def prepare_inference_model(model: nn.Module, accelerator) -> nn.Module:
     """Place a frozen model (reference or reward model) for inference under `accelerator`: no optimizer, no DDP.
 
-    Under DeepSpeed the model becomes an inference engine with the policy's ZeRO settings (see `prepare_deepspeed`).
+    Under DeepSpeed the model becomes an inference engine with the policy's ZeRO settings (see `prepare_deepspeed`);
+    under FSDP2 it is sharded with `fully_shard` like the policy (same wrapping policy and mesh), so a reference
+    can be synced shard by shard.
     """
     if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
         return prepare_deepspeed(model, accelerator)
+    if getattr(accelerator, "is_fsdp2", False):
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+        return fsdp2_prepare_model(accelerator, model).eval()
     return accelerator.prepare_model(model, evaluation_mode=True)
 
 
