@@ -86,6 +86,7 @@ def test_inference_deepspeed_config_zero3():
     assert "optimizer" not in config and "scheduler" not in config and "gradient_clipping" not in config
     zero = config["zero_optimization"]
     assert zero["stage"] == 3 and zero["stage3_param_persistence_threshold"] == 0 and "offload_optimizer" not in zero
+    assert zero["zero_hpz_partition_size"] == 1
     assert zero["reduce_bucket_size"] == int(0.9 * 64 * 64) and config["bf16"] == {"enabled": True}
     assert config["train_micro_batch_size_per_gpu"] == 1 and "train_batch_size" not in config
     assert policy_config["optimizer"] == {"type": "AdamW"}  # the policy's config is not modified

@@ -92,8 +92,8 @@ def _inference_deepspeed_config(config: dict, hidden_size: int | None) -> dict:
 
     Under ZeRO-3 the partitioning (one slice of every parameter per rank) depends only on the parameter sizes and
     the world size, so the reference's partitions line up with the policy's and can be mixed locally. No parameter
-    is kept gathered between forwards (`stage3_param_persistence_threshold = 0`), so a sync that writes the
-    partitions is seen by the next forward. ZeRO-1/2 only shard optimizer state and gradients: without an
+    is kept gathered between forwards (`stage3_param_persistence_threshold = 0`) and there is no ZeRO++ secondary
+    partition (`zero_hpz_partition_size = 1`), so a sync that writes the partitions is seen by the next forward. ZeRO-1/2 only shard optimizer state and gradients: without an
     optimizer they are plain replicas, so the stage is set to 0.
     """
     config = copy.deepcopy(config)
@@ -103,6 +103,7 @@ def _inference_deepspeed_config(config: dict, hidden_size: int | None) -> dict:
     stage = zero.get("stage", 0)
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
+        zero["zero_hpz_partition_size"] = 1  # no ZeRO++ secondary copies, which a local sync would leave stale
         zero.pop("offload_optimizer", None)
         for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
             if zero.get(key) == "auto":
