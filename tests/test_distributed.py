@@ -1,5 +1,5 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Reference syncing on 2 CPU processes (gloo): DDP, DeepSpeed ZeRO-3 and raw FSDP2, plus the accelerate configs.
+"""Reference syncing on 2 CPU processes (gloo): DDP, DeepSpeed ZeRO-2/3 and raw FSDP2, plus the accelerate configs.
 
 Each launch runs `tests/distributed_workers/sync_worker.py` under `torchrun --nproc_per_node 2` once per module and
 the tests assert on the JSON every rank writes. The DeepSpeed CPU communication op is JIT-compiled once (~40 s on a
@@ -59,11 +59,20 @@ def ddp_results(model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def zero3_results(model_dir, tmp_path_factory):
+def deepspeed_op():
+    """Compile DeepSpeed's CPU communication op once, in one process, into the torch extensions cache."""
     pytest.importorskip("deepspeed")
-    # Compile DeepSpeed's CPU communication op once, in one process, into the torch extensions cache (reused later).
     warm = "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
     subprocess.run([sys.executable, "-c", warm], env=_env(), cwd=ROOT, check=True, capture_output=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def zero2_results(model_dir, tmp_path_factory, deepspeed_op):
+    return _launch("zero2", model_dir, tmp_path_factory.mktemp("zero2"))
+
+
+@pytest.fixture(scope="module")
+def zero3_results(model_dir, tmp_path_factory, deepspeed_op):
     return _launch("zero3", model_dir, tmp_path_factory.mktemp("zero3"))
 
 
@@ -79,7 +88,7 @@ def _assert_exact_syncs(records: list[dict], expected_steps: list[int]) -> None:
         assert r["max_error"] <= 1e-6  # gathered reference == round(lerp_fp32(reference, policy, α))
 
 
-@pytest.mark.parametrize("mode", ["ddp", "zero3"])
+@pytest.mark.parametrize("mode", ["ddp", "zero2", "zero3"])
 def test_grpo_sync_matches_formula_on_every_rank(mode, request):
     """4 GRPO steps, τ = 2, α = 0.6: after each sync the gathered reference is the formula of the gathered policy."""
     results = request.getfixturevalue(f"{mode}_results")
@@ -90,11 +99,15 @@ def test_grpo_sync_matches_formula_on_every_rank(mode, request):
         _assert_exact_syncs(rank["syncs"], [2, 4])
         assert rank["ref_forward_error"] <= 1e-5  # the prepared reference's forward reads the mixed weights
     assert [r["checksum"] for r in results[0]["syncs"]] == [r["checksum"] for r in results[1]["syncs"]]
-    expected_types = {"ddp": ("DistributedDataParallel", "Qwen2ForCausalLM"), "zero3": ("DeepSpeedEngine", "DeepSpeedEngine")}
+    expected_types = {
+        "ddp": ("DistributedDataParallel", "Qwen2ForCausalLM"),
+        "zero2": ("DeepSpeedEngine", "DeepSpeedEngine"),  # reference: a stage-0 inference engine (a replica)
+        "zero3": ("DeepSpeedEngine", "DeepSpeedEngine"),
+    }
     assert (results[0]["policy_type"], results[0]["ref_type"]) == expected_types[mode]
 
 
-@pytest.mark.parametrize("mode", ["ddp", "zero3"])
+@pytest.mark.parametrize("mode", ["ddp", "zero2", "zero3"])
 def test_sync_performs_no_collective(mode, request):
     for rank in request.getfixturevalue(f"{mode}_results"):
         for r in rank["syncs"]:

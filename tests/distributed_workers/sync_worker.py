@@ -1,7 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Worker for tests/test_distributed.py, started with `torchrun --nproc_per_node 2` (gloo, CPU).
 
-    sync_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero3, fsdp2}
+    sync_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, fsdp2}
 
 Each rank checks every reference sync against the formula on gathered tensors and writes what it measured to
 `OUT_DIR/<mode>_rank<r>.json`; the test asserts on those numbers. The gathering done for checking happens outside
@@ -137,9 +137,9 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
         return [sum(c.isdigit() for c in text) + 0.1 * len(text) for text in completions]
 
     extra = {}
-    if mode == "zero3":
+    if mode.startswith("zero"):
         extra["deepspeed"] = {
-            "zero_optimization": {"stage": 3},
+            "zero_optimization": {"stage": int(mode[-1])},
             "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": "auto",
             "train_batch_size": "auto",
@@ -287,7 +287,7 @@ def main() -> None:
     if mode == "fsdp2":
         result = run_fsdp2(model_dir)
     else:
-        if mode == "zero3":  # DeepSpeed's comm layer must know the world before from_pretrained partitions
+        if mode.startswith("zero"):  # DeepSpeed's comm layer must know the world before from_pretrained partitions
             import deepspeed
 
             deepspeed.init_distributed(dist_backend="gloo")
