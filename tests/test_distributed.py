@@ -105,6 +105,8 @@ def test_grpo_sync_matches_formula_on_every_rank(mode, request):
         "zero3": ("DeepSpeedEngine", "DeepSpeedEngine"),
     }
     assert (results[0]["policy_type"], results[0]["ref_type"]) == expected_types[mode]
+    # Generation sees whole weights (under ZeRO-3: gathered once per generate, ds3_gather_for_generation=True).
+    assert results[0]["generate_saw_full_weights"] and all(results[0]["generate_saw_full_weights"])
 
 
 @pytest.mark.parametrize("mode", ["ddp", "zero2", "zero3"])

@@ -154,6 +154,15 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
     prompts = [f"What is {a} + {b}?" for a in range(4) for b in range(4)]
     callback = CheckedSyncCallback(ref_model=None)
     trainer = GRPOTrainer(model=model_dir, reward_funcs=digits_reward, args=args, train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[callback])
+    generate_saw_full_weights = []
+    policy_generate = trainer.model.generate
+
+    def recording_generate(*args, **kwargs):  # ZeRO-3: are the weights gathered for generate (ds3_gather_for_generation)?
+        params = list(trainer.model.parameters())
+        generate_saw_full_weights.append(all(getattr(p, "ds_status", None) is None or p.ds_status.name == "AVAILABLE" for p in params))
+        return policy_generate(*args, **kwargs)
+
+    trainer.model.generate = recording_generate
     trainer.train()
     result = {
         "syncs": records,
@@ -162,6 +171,7 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
         "ref_type": type(trainer.ref_model).__name__,
         "policy_type": type(trainer.model_wrapped).__name__,
         "fallback": len(callback._sync.fallback),
+        "generate_saw_full_weights": generate_saw_full_weights,
     }
     result["ref_forward_error"] = reference_forward_error(trainer)
     if mode == "zero3":
