@@ -23,6 +23,7 @@ slow_tests: setup
 
 benchmark: setup
 	$(PYTHON) benchmarks/benchmark_grpo_step.py
+	$(PYTHON) benchmarks/benchmark_sync_zero3.py
 
 clean:
 	rm -rf demo_output build dist *.egg-info .pytest_cache

@@ -1,5 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Model helpers: building a frozen reference model, switching dropout off, unwrapping a policy for generation."""
+"""Model helpers: building a frozen reference model, switching dropout off, unwrapping a policy for generation,
+placing frozen models (reference, reward models) next to the policy under accelerate / DeepSpeed."""
 
 import copy
 from contextlib import contextmanager
@@ -13,6 +14,11 @@ def create_reference_model(model: nn.Module) -> nn.Module:
     The copy has the same parameter names, shapes, dtypes and devices, is in eval mode, and none of its parameters
     requires a gradient (so it can never enter an optimizer).
 
+    A DeepSpeed ZeRO-3 model is partitioned as it is loaded (each rank holds one slice of every parameter) and
+    cannot be deep-copied; its reference is loaded again from `model.config._name_or_path`, with the same config
+    and dtype, so it is partitioned the same way. That is the policy's initial weights: pass the policy as a path
+    (or save it first) when it was modified in memory.
+
     Args:
         model: a `transformers.PreTrainedModel` (or any `nn.Module`), not wrapped by DDP/DeepSpeed.
 
@@ -20,14 +26,18 @@ def create_reference_model(model: nn.Module) -> nn.Module:
         The reference model.
 
     Raises:
-        ValueError: if `model` is a DeepSpeed ZeRO-3 partitioned model (copy its weights from disk instead).
+        ValueError: if `model` is ZeRO-3 partitioned and has no `config._name_or_path` to load from.
     """
     if any(hasattr(p, "ds_id") for p in model.parameters()):
-        raise ValueError(
-            "create_reference_model cannot copy a ZeRO-3 partitioned model; load the reference with "
-            "from_pretrained before DeepSpeed partitions the policy."
-        )
-    reference = copy.deepcopy(model)
+        path = getattr(getattr(model, "config", None), "_name_or_path", None)
+        if not path or not hasattr(type(model), "from_pretrained"):
+            raise ValueError(
+                "create_reference_model cannot copy a ZeRO-3 partitioned model and this one has no "
+                "`config._name_or_path` to load the reference from; pass the policy as a path."
+            )
+        reference = type(model).from_pretrained(path, config=model.config, dtype=model.dtype)
+    else:
+        reference = copy.deepcopy(model)
     for parameter in reference.parameters():
         parameter.requires_grad_(False)
     return reference.eval()
@@ -62,10 +72,22 @@ def unwrap_model_for_generation(model: nn.Module, accelerator, gather_deepspeed3
 
 
 def prepare_inference_model(model: nn.Module, accelerator) -> nn.Module:
-    """Place a frozen model (reference or reward model) for inference under `accelerator`: no optimizer, no DDP."""
+    """Place a frozen model (reference or reward model) for inference under `accelerator`: no optimizer, no DDP.
+
+    Under DeepSpeed the model becomes an inference engine with the policy's ZeRO settings (see `prepare_deepspeed`);
+    under FSDP2 it is sharded with `fully_shard` like the policy (same wrapping policy and mesh), so a reference
+    can be synced shard by shard.
+    """
+    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        return prepare_deepspeed(model, accelerator)
+    if getattr(accelerator, "is_fsdp2", False):
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+        return fsdp2_prepare_model(accelerator, model).eval()
     return accelerator.prepare_model(model, evaluation_mode=True)
 
 
+<<<<<<< HEAD
 @contextmanager
 def use_adapter(model: nn.Module, name: str):
     """Run a PEFT model with adapter `name` active (frozen) inside the block; the previous adapter is active and
@@ -76,3 +98,60 @@ def use_adapter(model: nn.Module, name: str):
         yield model
     finally:
         model.set_adapter(previous)
+=======
+def _inference_deepspeed_config(config: dict, hidden_size: int | None) -> dict:
+    """The policy's DeepSpeed config turned into an inference one: same ZeRO stage and precision, no optimizer.
+
+    Under ZeRO-3 the partitioning (one slice of every parameter per rank) depends only on the parameter sizes and
+    the world size, so the reference's partitions line up with the policy's and can be mixed locally. No parameter
+    is kept gathered between forwards (`stage3_param_persistence_threshold = 0`) and there is no ZeRO++ secondary
+    partition (`zero_hpz_partition_size = 1`), so a sync that writes the partitions is seen by the next forward. ZeRO-1/2 only shard optimizer state and gradients: without an
+    optimizer they are plain replicas, so the stage is set to 0.
+    """
+    config = copy.deepcopy(config)
+    for key in ("optimizer", "scheduler"):
+        config.pop(key, None)
+    zero = config.setdefault("zero_optimization", {})
+    stage = zero.get("stage", 0)
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0
+        zero["zero_hpz_partition_size"] = 1  # no ZeRO++ secondary copies, which a local sync would leave stale
+        zero.pop("offload_optimizer", None)
+        for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+            if zero.get(key) == "auto":
+                zero[key] = int(0.9 * hidden_size * hidden_size) if hidden_size else 5e7
+    else:
+        config["zero_optimization"] = {"stage": 0}
+    # Batch sizes mean nothing without an optimizer, but DeepSpeed checks them: keep them consistent.
+    if "auto" in (config.get("train_micro_batch_size_per_gpu"), config.get("gradient_accumulation_steps"), config.get("train_batch_size")):
+        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
+            config.pop(key, None)
+        config["train_micro_batch_size_per_gpu"] = 1
+    if config.get("gradient_clipping") == "auto":
+        config.pop("gradient_clipping")
+    return config
+
+
+def prepare_deepspeed(model: nn.Module, accelerator) -> nn.Module:
+    """Wrap a frozen model in a DeepSpeed inference engine with the ZeRO settings of the policy's `accelerator`.
+
+    The engine has no optimizer (the model never trains); under ZeRO-3 its parameters are partitioned exactly like
+    the policy's, which is what lets `trl.trainer.ref_sync` mix the two shard by shard without communication.
+
+    Args:
+        model: the model to wrap (already partitioned by `deepspeed.zero.Init` when loaded under ZeRO-3, or not).
+        accelerator: the `accelerate.Accelerator` whose `deepspeed_plugin` configures the policy.
+
+    Returns:
+        The `DeepSpeedEngine`, in eval mode.
+    """
+    import deepspeed
+
+    hidden_size = getattr(getattr(model, "config", None), "hidden_size", None)
+    config = _inference_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, hidden_size)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine.eval()  # DeepSpeedEngine.eval() returns None
+    return engine
+>>>>>>> dist

@@ -4,7 +4,7 @@
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from .ref_sync import mix_tensors_, reference_pairs
+from .ref_sync import ReferenceSync, pair_for_sync
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -14,7 +14,8 @@ class SyncRefModelCallback(TrainerCallback):
     optimizer step (after the optimizer update; micro-batches of gradient accumulation do not count); with
     `"epoch"` it runs at the end of every epoch. α is `ref_model_mixup_alpha`. α = 1 is Algorithm 1 of DeepSeekMath
     (arXiv 2402.03300); 0 < α < 1 is the soft update of TR-DPO (arXiv 2404.09656). How the tensors are mixed
-    (float32 maths, one rounding, fused kernels) is `trl.trainer.ref_sync`'s job.
+    (float32 maths, one rounding, fused kernels; local ZeRO-3 partitions and FSDP2 shards mixed without communication)
+    is `trl.trainer.ref_sync`'s job.
 
     [`GRPOTrainer`] registers exactly one instance when `sync_ref_model=True`; you do not need to add it.
 
@@ -35,16 +36,15 @@ class SyncRefModelCallback(TrainerCallback):
         self.accelerator = accelerator
         self.num_syncs = 0
         self.last_sync_step = 0
-        self._pairs = None  # (policy tensors, reference tensors), matched by name once
-
+        self._sync: ReferenceSync | None = None  # the pairing, matched by name and validated once
 
     def sync(self, args: TrainingArguments, state: TrainerState, model: nn.Module) -> None:
         """Sync now, whatever the schedule says."""
-        if self._pairs is None:
-            policy = self.accelerator.unwrap_model(model) if self.accelerator is not None else model
-            self._pairs = reference_pairs(policy, self.ref_model)
-        policy_tensors, reference_tensors = self._pairs
-        mix_tensors_(reference_tensors, policy_tensors, args.ref_model_mixup_alpha)
+        if self._sync is None:
+            unwrap = self.accelerator.unwrap_model if self.accelerator is not None else (lambda m: m)
+            reference = unwrap(self.ref_model) if self.ref_model is not None else None  # None: PEFT "ref" adapter
+            self._sync = pair_for_sync(unwrap(model), reference)  # DDP / DeepSpeed engines -> modules
+        self._sync(args.ref_model_mixup_alpha)
         self.num_syncs += 1
         self.last_sync_step = state.global_step
 

@@ -5,13 +5,21 @@ Iterative GRPO (DeepSeekMath, arXiv 2402.03300, Algorithm 1) resets the referenc
 (arXiv 2404.09656) mixes it softly (0 < α < 1). *When* to sync is decided by `SyncRefModelCallback`.
 """
 
+import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 
 REFERENCE_ADAPTER = "ref"  # name of the frozen reference adapter of a PEFT policy
+
+# Layouts of one tensor. "plain": the full tensor lives on this rank (single device, DDP, ZeRO-1/2).
+# "zero3": a DeepSpeed ZeRO-3 parameter; this rank owns the flat 1-D partition `param.ds_tensor`.
+# "dtensor": an FSDP2 (or other DTensor) shard; this rank owns `param.to_local()`.
+PLAIN, ZERO3, DTENSOR = "plain", "zero3", "dtensor"
 
 
 def _named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -22,15 +30,144 @@ def _named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]
             yield name, buffer
 
 
-def paired_tensors(policy: nn.Module, reference: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Match the tensors of `reference` with those of `policy` by name.
+def tensor_layout(tensor: torch.Tensor) -> str:
+    """`"zero3"`, `"dtensor"` or `"plain"`: how `tensor` is spread over the ranks."""
+    if hasattr(tensor, "ds_id"):
+        return ZERO3
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(tensor, DTensor):
+            return DTENSOR
+    return PLAIN
+
+
+def _full_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(tensor.ds_shape) if hasattr(tensor, "ds_id") else tuple(tensor.shape)  # DTensor.shape is global
+
+
+def _local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """The piece of `tensor` this rank stores, as a plain tensor sharing its storage (mixed in place)."""
+    layout = tensor_layout(tensor)
+    if layout == ZERO3:
+        return tensor.ds_tensor.detach()
+    if layout == DTENSOR:
+        return tensor.detach().to_local()
+    return tensor.detach()
+
+
+def _partitioning(tensor: torch.Tensor) -> tuple:
+    """What must agree between a policy tensor and its reference for their local parts to be mixed directly."""
+    layout = tensor_layout(tensor)
+    if layout == ZERO3:
+        group = getattr(tensor, "ds_process_group", None)
+        dist = torch.distributed
+        return (layout, tensor.ds_tensor.numel(), dist.get_rank(group), dist.get_world_size(group))
+    if layout == DTENSOR:
+        mesh = tensor.device_mesh
+        return (layout, tuple(tensor.to_local().shape), tuple(tensor.placements), mesh.device_type, tuple(mesh.mesh.flatten().tolist()))
+    return (layout, tuple(tensor.shape))
+
+
+@contextmanager
+def _gathered(tensor: torch.Tensor, modify: bool) -> Iterator[torch.Tensor]:
+    """Yield the full value of one tensor on every rank; with `modify`, write it back to its shards on exit.
+
+    Only the fallback path uses this: it moves one parameter at a time (collectives, bounded memory).
+    """
+    layout = tensor_layout(tensor)
+    if layout == ZERO3:
+        import deepspeed
+
+        # modifier_rank=0: on exit DeepSpeed re-partitions rank 0's value; every rank computed the same one.
+        with deepspeed.zero.GatheredParameters([tensor], modifier_rank=0 if modify else None):
+            yield tensor.data
+    elif layout == DTENSOR:
+        from torch.distributed.tensor import distribute_tensor
+
+        full = tensor.detach().full_tensor()
+        yield full
+        if modify:  # every rank holds the same `full`: cut out our shard locally (src_data_rank=None: no scatter)
+            shard = distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None).to_local()
+            tensor.detach().to_local().copy_(shard)
+    else:
+        yield tensor.detach()
+
+
+@dataclass
+class ReferenceSync:
+    """A validated pairing of one reference with one policy; calling it syncs: `sync(alpha)`.
+
+    Build it once with [`pair_for_sync`] and call it at every sync (the callback caches it). The local parts (whole
+    tensors, ZeRO-3 partitions or DTensor shards) are mixed in place with no communication; the pairs whose
+    partitions do not line up (`fallback`, normally empty) are gathered and mixed one parameter at a time.
+
+    The pairs hold the parameters, not their local parts: the local parts are looked up at each call (one attribute
+    access per tensor), so an engine that re-points a partition's storage (e.g. when loading a checkpoint) is
+    still followed.
+
+    Attributes:
+        local: `(name, policy tensor, reference tensor)` whose local parts are mixed directly.
+        fallback: `(name, policy tensor, reference tensor)` mixed through a per-parameter gather.
+        reference: the reference model (to release full copies a sharded engine may still hold).
+    """
+
+    local: list[tuple[str, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    fallback: list[tuple[str, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    reference: nn.Module | None = None
+
+    def local_parts(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """`(policy_parts, reference_parts)`: aligned local parts of the directly mixed pairs."""
+        return [_local_part(p) for _, p, _ in self.local], [_local_part(r) for _, _, r in self.local]
+
+    @torch.no_grad()
+    def __call__(self, alpha: float) -> None:
+        """Sync: every reference tensor ← round(lerp_fp32(reference, policy, alpha)); see `mix_tensors_`."""
+        if self.reference is not None:
+            _drop_full_copies(self.reference)
+        policy_parts, reference_parts = self.local_parts()
+        mix_tensors_(reference_parts, policy_parts, alpha)
+        for _, policy_tensor, reference_tensor in self.fallback:
+            with _gathered(policy_tensor, modify=False) as policy_full, _gathered(reference_tensor, modify=True) as reference_full:
+                mix_tensors_([reference_full], [policy_full], alpha)
+
+
+def _drop_full_copies(reference: nn.Module) -> None:
+    """Free full copies a sharded reference may still hold, so that its next forward gathers the mixed shards.
+
+    ZeRO-3 keeps "persistent" (small) parameters gathered between forwards and FSDP2 keeps modules unsharded when
+    `reshard_after_forward=False`; releasing them is local (no communication).
+    """
+    for parameter in reference.parameters():
+        if hasattr(parameter, "ds_id") and parameter.ds_status.name == "AVAILABLE":
+            parameter.partition()  # frees the gathered copy; the partition `ds_tensor` is kept as is
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in reference.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+
+def pair_for_sync(policy: nn.Module, reference: nn.Module | None) -> ReferenceSync:
+    """Match `reference`'s tensors with `policy`'s by name and check once that their local parts line up.
+
+    `reference=None` (or the policy itself) means a PEFT policy whose reference is its frozen `"ref"` adapter
+    (see `add_reference_adapter`): the pairs are then the two adapters' tensors.
+
+    Names and full shapes must agree. For each pair the layout and partitioning (ZeRO-3 partition size and rank,
+    DTensor local shape, placements and mesh) are compared; pairs that differ go to the per-parameter gather
+    fallback, with one warning.
 
     Returns:
-        `(policy_tensors, reference_tensors)`, two aligned lists (the `.data` of each parameter).
+        A [`ReferenceSync`]; call it with `alpha` to sync.
 
     Raises:
         ValueError: if the two models do not have the same tensor names and shapes.
     """
+    if reference is None or reference is policy:
+        return ReferenceSync(local=_adapter_pairs(policy, policy.active_adapter, REFERENCE_ADAPTER))
+    _drop_full_copies(reference)  # FSDP2: see the sharded parameters, not transient unsharded ones
     policy_tensors = dict(_named_float_tensors(policy))
     ref_items = list(_named_float_tensors(reference))
     missing = [name for name, _ in ref_items if name not in policy_tensors]
@@ -41,29 +178,52 @@ def paired_tensors(policy: nn.Module, reference: nn.Module) -> tuple[list[torch.
             f"only in the reference: {missing[:5]}, only in the policy: {extra[:5]}. Build the reference with "
             "`trl.create_reference_model(policy)`."
         )
-    pol, ref = [], []
+    plan = ReferenceSync(reference=reference)
     for name, tensor in ref_items:
         source = policy_tensors[name]
-        if source.shape != tensor.shape:
-            raise ValueError(f"Tensor {name!r} has shape {tuple(tensor.shape)} in the reference but {tuple(source.shape)} in the policy.")
-        pol.append(source.detach())
-        ref.append(tensor.detach())
-    return pol, ref
+        if _full_shape(source) != _full_shape(tensor):
+            raise ValueError(f"Tensor {name!r} has shape {_full_shape(tensor)} in the reference but {_full_shape(source)} in the policy.")
+        same = _partitioning(source) == _partitioning(tensor)
+        (plan.local if same else plan.fallback).append((name, source, tensor))
+    if plan.fallback:
+        name, source, tensor = plan.fallback[0]
+        warnings.warn(
+            f"The policy and the reference are not partitioned the same way for {len(plan.fallback)} tensors (e.g. "
+            f"{name!r}: {_partitioning(source)} vs {_partitioning(tensor)}); those are synced by gathering one "
+            "parameter at a time, which communicates. Prepare the reference like the policy (same ZeRO-3 or FSDP2 "
+            "settings) for a communication-free sync.",
+            stacklevel=2,
+        )
+    return plan
 
 
-def paired_adapter_tensors(model: nn.Module, policy_adapter: str = "default", reference_adapter: str = "ref") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Match the tensors of a PEFT model's reference adapter with those of its policy adapter.
+def paired_tensors(policy: nn.Module, reference: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Match the tensors of `reference` with those of `policy` by name; return the local parts to mix.
 
-    With LoRA the reference is the shared base model plus a frozen second adapter (see
-    `add_reference_adapter`); syncing mixes adapter tensors only. A parameter belongs to an adapter
-    when its name has a component equal to the adapter's name (e.g. `...lora_A.default.weight`).
+    Local parts are whole tensors (single device, DDP, ZeRO-1/2), ZeRO-3 partitions (`param.ds_tensor`) or DTensor
+    shards (`param.to_local()`); each shares storage with its parameter.
 
     Returns:
         `(policy_tensors, reference_tensors)`, two aligned lists.
 
     Raises:
-        ValueError: if the two adapters do not have the same tensors.
+        ValueError: if the two models do not have the same tensor names and shapes, or if some local parts do not
+            line up (use [`pair_for_sync`], which falls back to gathering those).
     """
+    plan = pair_for_sync(policy, reference)
+    if plan.fallback:
+        raise ValueError(f"{len(plan.fallback)} tensors are partitioned differently in the policy and the reference; use `pair_for_sync`.")
+    return plan.local_parts()
+
+
+def _adapter_pairs(model: nn.Module, policy_adapter: str, reference_adapter: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """`(name, policy tensor, reference tensor)` for each tensor of a PEFT model's two adapters (see
+    `paired_adapter_tensors`)."""
+
+    With LoRA the reference is the shared base model plus a frozen second adapter (see
+    `add_reference_adapter`); syncing mixes adapter tensors only. A parameter belongs to an adapter
+    when its name has a component equal to the adapter's name (e.g. `...lora_A.default.weight`).
+
     def adapter_tensors(adapter: str) -> dict[str, torch.Tensor]:
         found = {}
         for name, parameter in model.named_parameters():
@@ -79,8 +239,24 @@ def paired_adapter_tensors(model: nn.Module, policy_adapter: str = "default", re
             f"Adapter {reference_adapter!r} does not mirror adapter {policy_adapter!r} "
             f"({len(reference)} vs {len(policy)} tensors); create it with add_reference_adapter."
         )
-    keys = sorted(reference)
-    return [policy[k] for k in keys], [reference[k] for k in keys]
+    return [(k, policy[k], reference[k]) for k in sorted(reference)]
+
+
+def paired_adapter_tensors(model: nn.Module, policy_adapter: str = "default", reference_adapter: str = REFERENCE_ADAPTER) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Match the tensors of a PEFT model's reference adapter with those of its policy adapter.
+
+    With LoRA the reference is the shared base model plus a frozen second adapter (see `add_reference_adapter`);
+    syncing mixes adapter tensors only. A parameter belongs to an adapter when its name has a component equal to
+    the adapter's name (e.g. `...lora_A.default.weight`).
+
+    Returns:
+        `(policy_tensors, reference_tensors)`, two aligned lists.
+
+    Raises:
+        ValueError: if the two adapters do not have the same tensors.
+    """
+    pairs = _adapter_pairs(model, policy_adapter, reference_adapter)
+    return [p for _, p, _ in pairs], [r for _, _, r in pairs]
 
 
 @torch.no_grad()
@@ -137,8 +313,7 @@ def sync_reference_model(policy: nn.Module, reference: nn.Module, alpha: float) 
     Raises:
         ValueError: if alpha is outside (0, 1] or the models' tensors do not match.
     """
-    policy_tensors, reference_tensors = paired_tensors(policy, reference)
-    mix_tensors_(reference_tensors, policy_tensors, alpha)
+    pair_for_sync(policy, reference)(alpha)
 
 
 def add_reference_adapter(model: nn.Module, name: str = REFERENCE_ADAPTER) -> None:
@@ -164,11 +339,3 @@ def add_reference_adapter(model: nn.Module, name: str = REFERENCE_ADAPTER) -> No
     for param_name, parameter in model.named_parameters():
         if name in param_name.split("."):
             parameter.requires_grad_(False)
-
-
-def reference_pairs(policy: nn.Module, reference: nn.Module | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The `(policy, reference)` tensor lists to mix: a separate reference model's tensors, or, when `reference` is
-    the policy itself (PEFT), the reference adapter's tensors against the active adapter's."""
-    if reference is None or reference is policy:
-        return paired_adapter_tensors(policy, policy.active_adapter, REFERENCE_ADAPTER)
-    return paired_tensors(policy, reference)

@@ -1,0 +1,313 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Worker for tests/test_distributed.py, started with `torchrun --nproc_per_node 2` (gloo, CPU).
+
+    sync_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, fsdp2}
+
+Each rank checks every reference sync against the formula on gathered tensors and writes what it measured to
+`OUT_DIR/<mode>_rank<r>.json`; the test asserts on those numbers. The gathering done for checking happens outside
+the counted region; only the sync itself is counted for collectives.
+"""
+
+import json
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+ALPHA, TAU, STEPS = 0.6, 2, 4
+COLLECTIVES = ("all_gather_into_tensor", "all_gather", "_all_gather_base", "broadcast", "all_reduce", "reduce_scatter_tensor", "scatter", "all_to_all_single")
+FUNCTIONAL_COLLECTIVES = ("all_gather_tensor", "all_gather_single", "all_gather_tensor_autograd", "all_reduce", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all_single")  # DTensor
+
+
+@contextmanager
+def count_collectives():
+    """Count calls to torch.distributed / deepspeed.comm collectives and `GatheredParameters` entries in the block."""
+    counts = {"calls": 0}
+    patched = []
+
+    def wrap(owner, name):
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+
+        def counted(*args, **kwargs):
+            counts["calls"] += 1
+            return original(*args, **kwargs)
+
+        setattr(owner, name, counted)
+        patched.append((owner, name, original))
+
+    owners = [torch.distributed, torch.distributed.distributed_c10d]
+    try:
+        import deepspeed
+
+        owners.append(deepspeed.comm)
+        wrap(deepspeed.zero.GatheredParameters, "__enter__")
+        wrap(deepspeed.comm, "allgather_fn")
+    except ImportError:
+        pass
+    for owner in owners:
+        for name in COLLECTIVES:
+            wrap(owner, name)
+    for name in FUNCTIONAL_COLLECTIVES:
+        wrap(torch.distributed._functional_collectives, name)
+    # Belt and braces: every c10d collective, whoever calls it, shows up as a profiler event.
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    try:
+        with profiler:
+            yield counts
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+    events = [e.name for e in profiler.events() if any(k in e.name.lower() for k in ("c10d", "gloo", "nccl", "allgather", "all_gather", "broadcast"))]
+    counts["profiler_events"] = len(events)
+    counts["profiler_names"] = sorted(set(events))[:10]
+
+
+def full_state(model) -> dict[str, torch.Tensor]:
+    """Every float tensor of `model`, gathered whole on this rank (ZeRO-3 params, DTensors or plain tensors)."""
+    from trl.trainer.ref_sync import _named_float_tensors, tensor_layout
+
+    tensors = dict(_named_float_tensors(model))
+    zero3 = [t for t in tensors.values() if tensor_layout(t) == "zero3"]
+    if zero3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(zero3):
+            return {n: t.detach().clone() for n, t in tensors.items()}
+    return {n: (t.detach().full_tensor() if tensor_layout(t) == "dtensor" else t.detach()).clone() for n, t in tensors.items()}
+
+
+def checksum(state: dict[str, torch.Tensor]) -> list[float]:
+    return [sum(t.double().sum().item() for t in state.values()), sum(t.double().abs().sum().item() for t in state.values())]
+
+
+def expected_after(before: dict, policy: dict, alpha: float) -> dict:
+    return {n: torch.lerp(before[n].float(), policy[n].float(), alpha).to(before[n].dtype) for n in before}
+
+
+def max_error(actual: dict, expected: dict) -> float:
+    assert actual.keys() == expected.keys()
+    return max((actual[n].float() - expected[n].float()).abs().max().item() for n in actual)
+
+
+def checked_sync(callback, args, state, policy, reference, records: list, alpha: float) -> None:
+    """Run `callback.sync` once, comparing the gathered reference with the formula; append a record."""
+    policy_before, ref_before = full_state(policy), full_state(reference)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with count_collectives() as counts:
+            callback.sync(args, state, policy)
+    ref_after = full_state(reference)
+    records.append(
+        {
+            "step": state.global_step,
+            "max_error": max_error(ref_after, expected_after(ref_before, policy_before, alpha)),
+            "policy_ref_gap": max_error(policy_before, ref_before),  # > 0: the sync had something to do
+            "collectives": counts["calls"],
+            "profiler_collectives": counts["profiler_events"],
+            "profiler_names": counts["profiler_names"],
+            "warnings": [str(w.message) for w in caught if "partitioned the same way" in str(w.message)],
+            "checksum": checksum(ref_after),
+        }
+    )
+
+
+def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
+    from datasets import Dataset
+
+    from trl import GRPOConfig, GRPOTrainer, SyncRefModelCallback
+
+    records: list[dict] = []
+
+    class CheckedSyncCallback(SyncRefModelCallback):
+        def sync(self, args, state, model):
+            unwrap = self.accelerator.unwrap_model
+            checked_sync(super(CheckedSyncCallback, self), args, state, unwrap(model), unwrap(self.ref_model), records, args.ref_model_mixup_alpha)
+
+    def digits_reward(completions, **kwargs):  # varied rewards, so the policy moves away from the reference
+        return [sum(c.isdigit() for c in text) + 0.1 * len(text) for text in completions]
+
+    extra = {}
+    if mode.startswith("zero"):
+        extra["deepspeed"] = {
+            "zero_optimization": {"stage": int(mode[-1])},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto",
+            "gradient_clipping": "auto",
+        }
+    args = GRPOConfig(
+        output_dir=os.path.join(out_dir, f"{mode}_run"), per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=6, max_steps=STEPS, learning_rate=5e-2, beta=0.1, sync_ref_model=True,
+        ref_model_sync_steps=TAU, ref_model_mixup_alpha=ALPHA, use_cpu=True, report_to="none", save_strategy="no",
+        disable_tqdm=True, logging_steps=1, seed=0, **extra,
+    )
+    prompts = [f"What is {a} + {b}?" for a in range(4) for b in range(4)]
+    callback = CheckedSyncCallback(ref_model=None)
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=digits_reward, args=args, train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[callback])
+    generate_saw_full_weights = []
+    policy_generate = trainer.model.generate
+
+    def recording_generate(*args, **kwargs):  # ZeRO-3: are the weights gathered for generate (ds3_gather_for_generation)?
+        params = list(trainer.model.parameters())
+        generate_saw_full_weights.append(all(getattr(p, "ds_status", None) is None or p.ds_status.name == "AVAILABLE" for p in params))
+        return policy_generate(*args, **kwargs)
+
+    trainer.model.generate = recording_generate
+    trainer.train()
+    result = {
+        "syncs": records,
+        "num_syncs": trainer.sync_callback.num_syncs,
+        "bound_callback": trainer.sync_callback is callback,
+        "ref_type": type(trainer.ref_model).__name__,
+        "policy_type": type(trainer.model_wrapped).__name__,
+        "fallback": len(callback._sync.fallback),
+        "generate_saw_full_weights": generate_saw_full_weights,
+    }
+    result["ref_forward_error"] = reference_forward_error(trainer)
+    if mode == "zero3":
+        result["mismatch"] = zero3_mismatch(trainer)
+    return result
+
+
+def reference_forward_error(trainer) -> float:
+    """Max |logits| difference between the synced reference as prepared (engine) and a plain copy of its weights.
+
+    Catches a forward that still reads stale gathered copies instead of the mixed partitions.
+    """
+    reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+    state = full_state(reference)
+    plain = type(reference)(reference.config)  # the constructor does not enter zero.Init
+    plain.load_state_dict(state, strict=False)
+    plain.eval()
+    input_ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        expected = plain(input_ids=input_ids).logits
+        actual = trainer.ref_model(input_ids=input_ids).logits
+    return (actual - expected).abs().max().item()
+
+
+def zero3_mismatch(trainer) -> dict:
+    """Force partition mismatches: a ZeRO-3 policy with an unpartitioned reference, and the other way round."""
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    from trl import SyncRefModelCallback
+    from trl.models.utils import prepare_deepspeed
+
+    class State:
+        global_step = 0
+
+    out = {}
+    policy_z3 = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    plain_ref = type(policy_z3)(policy_z3.config)  # the constructor does not enter zero.Init (from_* would)
+    with deepspeed.zero.GatheredParameters(list(policy_z3.parameters())):
+        plain_policy = {n: p.detach().clone() for n, p in policy_z3.named_parameters()}
+    for name, p in plain_ref.named_parameters():
+        p.data.copy_(plain_policy[name] * 0.5)
+    assert not is_deepspeed_zero3_enabled() or not hasattr(next(plain_ref.parameters()), "ds_id")
+
+    # (a) partitioned policy, replicated reference: gather each policy parameter, mix into the replica.
+    cases = {"policy_zero3_ref_plain": (policy_z3, plain_ref)}
+    # (b) replicated policy, partitioned reference: gather each reference parameter, mix, re-partition.
+    ref_z3 = prepare_deepspeed(AutoModelForCausalLM.from_pretrained(policy_z3.config._name_or_path), trainer.accelerator).module
+    cases["policy_plain_ref_zero3"] = (plain_ref, ref_z3)
+    for case, (policy, reference) in cases.items():
+        records: list[dict] = []
+        callback = SyncRefModelCallback(ref_model=reference)
+        args = type("Args", (), {"ref_model_mixup_alpha": ALPHA})()
+        for _ in range(2):
+            checked_sync(callback, args, State, policy, reference, records, ALPHA)
+        out[case] = {
+            "syncs": records,
+            "fallback": len(callback._sync.fallback),
+            "local": len(callback._sync.local),
+            "warnings_total": sum(len(r["warnings"]) for r in records),
+        }
+    return out
+
+
+def run_fsdp2(model_dir: str) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+    from transformers import AutoModelForCausalLM
+
+    from trl import SyncRefModelCallback
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+
+    class State:
+        global_step = 0
+
+    args = type("Args", (), {"ref_model_mixup_alpha": ALPHA})()
+
+    def sharded(seed: int, placement=None):
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        generator = torch.Generator().manual_seed(seed)  # same values on every rank
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=generator))
+        kwargs = {"mesh": mesh}
+        if placement is not None:
+            kwargs["shard_placement_fn"] = placement
+        for layer in model.model.layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    out = {}
+    on_dim1 = lambda p: Shard(1) if p.dim() == 2 else Shard(0)  # noqa: E731
+    for case, ref_placement in (("matched", None), ("mismatch", on_dim1)):
+        policy, reference = sharded(1), sharded(2, ref_placement)
+        callback = SyncRefModelCallback(ref_model=reference)
+        records: list[dict] = []
+        for round_ in range(2):
+            checked_sync(callback, args, State, policy, reference, records, ALPHA)
+            with torch.no_grad():  # move the policy again (same change on every rank, local shards only)
+                for p in policy.parameters():
+                    p.to_local().mul_(1.0 + 0.01 * (round_ + 1))
+        with torch.no_grad():  # the synced reference still runs a forward (reads the mixed shards)
+            logits = reference(input_ids=torch.tensor([[1, 2, 3]])).logits
+        out[case] = {
+            "syncs": records,
+            "fallback": len(callback._sync.fallback),
+            "local": len(callback._sync.local),
+            "warnings_total": sum(len(r["warnings"]) for r in records),
+            "dtensor_params": sum(type(p).__name__ == "DTensor" for p in reference.parameters()),
+            "forward_finite": bool(torch.isfinite(logits).all()),
+        }
+    return out
+
+
+def main() -> None:
+    mode, model_dir, out_dir = sys.argv[1:4]
+    torch.manual_seed(0)
+    if mode == "fsdp2":
+        result = run_fsdp2(model_dir)
+    else:
+        if mode.startswith("zero"):  # DeepSpeed's comm layer must know the world before from_pretrained partitions
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend="gloo")
+        result = run_grpo(mode, model_dir, out_dir)
+    result["world_size"] = dist.get_world_size()
+    with open(os.path.join(out_dir, f"{mode}_rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Reference syncing on 2 CPU processes (gloo): DDP, DeepSpeed ZeRO-2/3 and raw FSDP2, plus the accelerate configs.
+
+Each launch runs `tests/distributed_workers/sync_worker.py` under `torchrun --nproc_per_node 2` once per module and
+the tests assert on the JSON every rank writes. The DeepSpeed CPU communication op is JIT-compiled once (~40 s on a
+clean machine) into the torch extensions cache, outside the launches' time limits.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "distributed_workers", "sync_worker.py")
+ALPHA, TAU, STEPS = 0.6, 2, 4
+NOT_SAME_PARTITIONING = "partitioned the same way"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", DS_BUILD_OPS="0",
+               DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150) -> list[dict]:
+    """Run the worker on 2 processes; return each rank's JSON (rank 0 first)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), WORKER, mode, model_dir, str(out_dir)]
+    proc = subprocess.run(command, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{mode} workers failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return [json.loads((out_dir / f"{mode}_rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from trl.models.tiny import build_tiny_causal_lm
+    from trl.tasks import arithmetic_corpus
+
+    return build_tiny_causal_lm(str(tmp_path_factory.mktemp("dist_model")), corpus=arithmetic_corpus())
+
+
+@pytest.fixture(scope="module")
+def ddp_results(model_dir, tmp_path_factory):
+    return _launch("ddp", model_dir, tmp_path_factory.mktemp("ddp"))
+
+
+@pytest.fixture(scope="module")
+def deepspeed_op():
+    """Compile DeepSpeed's CPU communication op once, in one process, into the torch extensions cache."""
+    pytest.importorskip("deepspeed")
+    warm = "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
+    subprocess.run([sys.executable, "-c", warm], env=_env(), cwd=ROOT, check=True, capture_output=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def zero2_results(model_dir, tmp_path_factory, deepspeed_op):
+    return _launch("zero2", model_dir, tmp_path_factory.mktemp("zero2"))
+
+
+@pytest.fixture(scope="module")
+def zero3_results(model_dir, tmp_path_factory, deepspeed_op):
+    return _launch("zero3", model_dir, tmp_path_factory.mktemp("zero3"))
+
+
+@pytest.fixture(scope="module")
+def fsdp2_results(model_dir, tmp_path_factory):
+    return _launch("fsdp2", model_dir, tmp_path_factory.mktemp("fsdp2"))
+
+
+def _assert_exact_syncs(records: list[dict], expected_steps: list[int]) -> None:
+    assert [r["step"] for r in records] == expected_steps
+    for r in records:
+        assert r["policy_ref_gap"] > 1e-3  # the policy had moved: the check is not vacuous
+        assert r["max_error"] <= 1e-6  # gathered reference == round(lerp_fp32(reference, policy, α))
+
+
+@pytest.mark.parametrize("mode", ["ddp", "zero2", "zero3"])
+def test_grpo_sync_matches_formula_on_every_rank(mode, request):
+    """4 GRPO steps, τ = 2, α = 0.6: after each sync the gathered reference is the formula of the gathered policy."""
+    results = request.getfixturevalue(f"{mode}_results")
+    for rank in results:
+        assert rank["world_size"] == 2
+        assert rank["num_syncs"] == STEPS // TAU and rank["bound_callback"]
+        assert rank["fallback"] == 0
+        _assert_exact_syncs(rank["syncs"], [2, 4])
+        assert rank["ref_forward_error"] <= 1e-5  # the prepared reference's forward reads the mixed weights
+    assert [r["checksum"] for r in results[0]["syncs"]] == [r["checksum"] for r in results[1]["syncs"]]
+    expected_types = {
+        "ddp": ("DistributedDataParallel", "Qwen2ForCausalLM"),
+        "zero2": ("DeepSpeedEngine", "DeepSpeedEngine"),  # reference: a stage-0 inference engine (a replica)
+        "zero3": ("DeepSpeedEngine", "DeepSpeedEngine"),
+    }
+    assert (results[0]["policy_type"], results[0]["ref_type"]) == expected_types[mode]
+    # Generation sees whole weights (under ZeRO-3: gathered once per generate, ds3_gather_for_generation=True).
+    assert results[0]["generate_saw_full_weights"] and all(results[0]["generate_saw_full_weights"])
+
+
+@pytest.mark.parametrize("mode", ["ddp", "zero2", "zero3"])
+def test_sync_performs_no_collective(mode, request):
+    for rank in request.getfixturevalue(f"{mode}_results"):
+        for r in rank["syncs"]:
+            assert r["collectives"] == 0 and r["profiler_collectives"] == 0, r["profiler_names"]
+            assert r["warnings"] == []
+
+
+def test_zero3_partition_mismatch_falls_back_warns_once_and_is_exact(zero3_results):
+    for rank in zero3_results:
+        for case in ("policy_zero3_ref_plain", "policy_plain_ref_zero3"):
+            result = rank["mismatch"][case]
+            assert result["fallback"] > 0
+            assert result["warnings_total"] == 1 and len(result["syncs"][0]["warnings"]) == 1  # at pairing only
+            for r in result["syncs"]:
+                assert r["max_error"] <= 1e-6 and r["policy_ref_gap"] > 1e-3
+                assert r["collectives"] > 0  # the fallback gathers (and shows that the counter sees gathers)
+    for case in ("policy_zero3_ref_plain", "policy_plain_ref_zero3"):
+        sums = [[r["checksum"] for r in rank["mismatch"][case]["syncs"]] for rank in zero3_results]
+        assert sums[0] == sums[1]
+
+
+def test_fsdp2_local_shards_sync_matches_unsharded_formula(fsdp2_results):
+    for rank in fsdp2_results:
+        result = rank["matched"]
+        assert result["dtensor_params"] > 0 and result["fallback"] == 0
+        assert result["warnings_total"] == 0 and result["forward_finite"]
+        for r in result["syncs"]:
+            assert r["max_error"] <= 1e-6 and r["policy_ref_gap"] > 1e-3
+            assert r["collectives"] == 0 and r["profiler_collectives"] == 0, r["profiler_names"]
+    assert fsdp2_results[0]["matched"]["syncs"][-1]["checksum"] == fsdp2_results[1]["matched"]["syncs"][-1]["checksum"]
+
+
+def test_fsdp2_placement_mismatch_falls_back_warns_once_and_is_exact(fsdp2_results):
+    for rank in fsdp2_results:
+        result = rank["mismatch"]
+        assert result["fallback"] > 0 and result["local"] > 0  # 2-D weights differ (Shard(1)); 1-D ones line up
+        assert result["warnings_total"] == 1 and NOT_SAME_PARTITIONING in result["syncs"][0]["warnings"][0]
+        for r in result["syncs"]:
+            assert r["max_error"] <= 1e-6 and r["collectives"] > 0
+
+
+@pytest.mark.parametrize(
+    "name, distributed_type, extra",
+    [
+        ("multi_gpu.yaml", "MULTI_GPU", {}),
+        ("zero2.yaml", "DEEPSPEED", {"zero_stage": 2}),
+        ("zero3.yaml", "DEEPSPEED", {"zero_stage": 3, "zero3_init_flag": True}),
+        ("fsdp2.yaml", "FSDP", {"fsdp_version": 2}),
+    ],
+)
+def test_accelerate_configs(name, distributed_type, extra):
+    with open(os.path.join(ROOT, "trl", "accelerate_configs", name)) as f:
+        config = yaml.safe_load(f)
+    assert config["distributed_type"] == distributed_type
+    assert config["num_processes"] == 8 and config["compute_environment"] == "LOCAL_MACHINE"
+    section = config.get("deepspeed_config") or config.get("fsdp_config") or {}
+    for key, value in extra.items():
+        assert section[key] == value
