@@ -87,7 +87,6 @@ def prepare_inference_model(model: nn.Module, accelerator) -> nn.Module:
     return accelerator.prepare_model(model, evaluation_mode=True)
 
 
-<<<<<<< HEAD
 @contextmanager
 def use_adapter(model: nn.Module, name: str):
     """Run a PEFT model with adapter `name` active (frozen) inside the block; the previous adapter is active and
@@ -98,7 +97,8 @@ def use_adapter(model: nn.Module, name: str):
         yield model
     finally:
         model.set_adapter(previous)
-=======
+
+
 def _inference_deepspeed_config(config: dict, hidden_size: int | None) -> dict:
     """The policy's DeepSpeed config turned into an inference one: same ZeRO stage and precision, no optimizer.
 
@@ -154,4 +154,3 @@ def prepare_deepspeed(model: nn.Module, accelerator) -> nn.Module:
     engine, *_ = deepspeed.initialize(model=model, config=config)
     engine.eval()  # DeepSpeedEngine.eval() returns None
     return engine
->>>>>>> dist
