@@ -220,10 +220,6 @@ def _adapter_pairs(model: nn.Module, policy_adapter: str, reference_adapter: str
     """`(name, policy tensor, reference tensor)` for each tensor of a PEFT model's two adapters (see
     `paired_adapter_tensors`)."""
 
-    With LoRA the reference is the shared base model plus a frozen second adapter (see
-    `add_reference_adapter`); syncing mixes adapter tensors only. A parameter belongs to an adapter
-    when its name has a component equal to the adapter's name (e.g. `...lora_A.default.weight`).
-
     def adapter_tensors(adapter: str) -> dict[str, torch.Tensor]:
         found = {}
         for name, parameter in model.named_parameters():
