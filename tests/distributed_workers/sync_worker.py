@@ -74,9 +74,9 @@ def count_collectives():
 
 def full_state(model) -> dict[str, torch.Tensor]:
     """Every float tensor of `model`, gathered whole on this rank (ZeRO-3 params, DTensors or plain tensors)."""
-    from trl.trainer.ref_sync import _named_float_tensors, tensor_layout
+    from trl.trainer.ref_sync import named_float_tensors, tensor_layout
 
-    tensors = dict(_named_float_tensors(model))
+    tensors = dict(named_float_tensors(model))
     zero3 = [t for t in tensors.values() if tensor_layout(t) == "zero3"]
     if zero3:
         import deepspeed
@@ -174,9 +174,28 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
         "generate_saw_full_weights": generate_saw_full_weights,
     }
     result["ref_forward_error"] = reference_forward_error(trainer)
+    result["checkpoint_roundtrip_equal"] = checkpoint_roundtrip(trainer)
     if mode == "zero3":
         result["mismatch"] = zero3_mismatch(trainer)
     return result
+
+
+def checkpoint_roundtrip(trainer) -> bool:
+    """Save a checkpoint, zero this rank's part of the reference, restore it: is the gathered reference bitwise back?"""
+    from trl.trainer.ref_sync import named_float_tensors
+    from trl.trainer.ref_sync import _local_part
+
+    reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+    before = full_state(reference)
+    trainer._save_checkpoint(trainer.model_wrapped, trial=None)
+    with torch.no_grad():
+        for _, tensor in named_float_tensors(reference):
+            _local_part(tensor).zero_()
+    folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
+    trainer.accelerator.wait_for_everyone()  # rank 0 writes the file the others read
+    trainer._load_reference_state(folder)
+    after = full_state(reference)
+    return all(torch.equal(before[n], after[n]) for n in before) and any(t.abs().sum() > 0 for t in after.values())
 
 
 def reference_forward_error(trainer) -> float:

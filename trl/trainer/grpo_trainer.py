@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather, gather_object
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, save_file
 from datasets import Dataset, IterableDataset
 from torch import nn
 from torch.utils.data import Sampler
@@ -51,7 +51,7 @@ from .grpo_losses import (
     masked_mean,
     selective_log_softmax,
 )
-from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter
+from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter, gathered_tensor, named_float_tensors
 
 
 logger = logging.get_logger(__name__)
@@ -358,26 +358,36 @@ class GRPOTrainer(Trainer):
     # ---- checkpoints: the synced reference travels with the policy ----
 
     def _reference_tensors(self) -> dict[str, torch.Tensor]:
-        """The reference's own tensors by name: the whole reference model, or the PEFT reference adapter."""
+        """The reference's own tensors by name (this rank's view): the reference model's parameters and floating
+        buffers, or the parameters of the PEFT reference adapter."""
         if self.ref_model is not None:
-            return dict(self.accelerator.unwrap_model(self.ref_model).state_dict())
+            return dict(named_float_tensors(self.accelerator.unwrap_model(self.ref_model)))
         policy = self.accelerator.unwrap_model(self.model)
-        return {name: p.detach() for name, p in policy.named_parameters() if self.ref_adapter in name.split(".")}
+        return {name: p for name, p in policy.named_parameters() if self.ref_adapter in name.split(".")}
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self.sync_callback is None or not self.args.should_save:
+        if self.sync_callback is None:
+            return
+        # Sharded references (ZeRO-3, FSDP2) are gathered one tensor at a time; every rank takes part.
+        state = {}
+        for name, tensor in self._reference_tensors().items():
+            with gathered_tensor(tensor, modify=False) as full:
+                if self.args.should_save:
+                    state[name] = full.detach().to("cpu", copy=True).contiguous()
+        if not self.args.should_save:
             return
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        if self.ref_model is not None:
-            save_model(self.accelerator.unwrap_model(self.ref_model), os.path.join(folder, REF_MODEL_FILE))
-        else:
-            save_file({k: v.contiguous() for k, v in self._reference_tensors().items()}, os.path.join(folder, REF_ADAPTER_FILE))
+        save_file(state, os.path.join(folder, REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE))
         with open(os.path.join(folder, REF_SYNC_STATE_FILE), "w") as f:
             json.dump(self.sync_callback.state_dict(), f)
 
     def _load_reference_state(self, checkpoint: str) -> None:
-        """Restore the synced reference (and the sync counters) saved in `checkpoint`; warn when there is none."""
+        """Restore the synced reference (and the sync counters) saved in `checkpoint`; warn when there is none.
+
+        Raises:
+            ValueError: if the saved tensors do not match the reference's names.
+        """
         weights = os.path.join(checkpoint, REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE)
         if not os.path.exists(weights):
             logger.warning(
@@ -386,13 +396,13 @@ class GRPOTrainer(Trainer):
                 "written by this version with sync_ref_model=True include it."
             )
             return
-        if self.ref_model is not None:
-            load_model(self.accelerator.unwrap_model(self.ref_model), weights, device=str(self.accelerator.device))
-        else:
-            tensors = self._reference_tensors()
-            with torch.no_grad():
-                for name, value in load_file(weights).items():
-                    tensors[name].copy_(value)
+        saved, tensors = load_file(weights), self._reference_tensors()
+        if set(saved) != set(tensors):
+            raise ValueError(f"{weights} does not match the reference model: {sorted(set(saved) ^ set(tensors))[:5]} differ.")
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                with gathered_tensor(tensor, modify=True) as full:
+                    full.copy_(saved[name])
         with open(os.path.join(checkpoint, REF_SYNC_STATE_FILE)) as f:
             self.sync_callback.load_state_dict(json.load(f))
 

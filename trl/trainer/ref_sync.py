@@ -22,7 +22,7 @@ REFERENCE_ADAPTER = "ref"  # name of the frozen reference adapter of a PEFT poli
 PLAIN, ZERO3, DTENSOR = "plain", "zero3", "dtensor"
 
 
-def _named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Parameters, then floating-point buffers, by name (integer buffers such as position ids are left alone)."""
     yield from model.named_parameters()
     for name, buffer in model.named_buffers():
@@ -70,10 +70,11 @@ def _partitioning(tensor: torch.Tensor) -> tuple:
 
 
 @contextmanager
-def _gathered(tensor: torch.Tensor, modify: bool) -> Iterator[torch.Tensor]:
+def gathered_tensor(tensor: torch.Tensor, modify: bool) -> Iterator[torch.Tensor]:
     """Yield the full value of one tensor on every rank; with `modify`, write it back to its shards on exit.
 
-    Only the fallback path uses this: it moves one parameter at a time (collectives, bounded memory).
+    Every rank must call it for the same tensor (collectives under ZeRO-3 and FSDP2). Used by the sync's fallback
+    path and to save/restore a sharded reference in checkpoints: one parameter at a time, so memory stays bounded.
     """
     layout = tensor_layout(tensor)
     if layout == ZERO3:
@@ -128,7 +129,7 @@ class ReferenceSync:
         policy_parts, reference_parts = self.local_parts()
         mix_tensors_(reference_parts, policy_parts, alpha)
         for _, policy_tensor, reference_tensor in self.fallback:
-            with _gathered(policy_tensor, modify=False) as policy_full, _gathered(reference_tensor, modify=True) as reference_full:
+            with gathered_tensor(policy_tensor, modify=False) as policy_full, gathered_tensor(reference_tensor, modify=True) as reference_full:
                 mix_tensors_([reference_full], [policy_full], alpha)
 
 
@@ -168,8 +169,8 @@ def pair_for_sync(policy: nn.Module, reference: nn.Module | None) -> ReferenceSy
     if reference is None or reference is policy:
         return ReferenceSync(local=_adapter_pairs(policy, policy.active_adapter, REFERENCE_ADAPTER))
     _drop_full_copies(reference)  # FSDP2: see the sharded parameters, not transient unsharded ones
-    policy_tensors = dict(_named_float_tensors(policy))
-    ref_items = list(_named_float_tensors(reference))
+    policy_tensors = dict(named_float_tensors(policy))
+    ref_items = list(named_float_tensors(reference))
     missing = [name for name, _ in ref_items if name not in policy_tensors]
     if missing or len(ref_items) != len(policy_tensors):
         extra = sorted(set(policy_tensors) - {name for name, _ in ref_items})
