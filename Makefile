@@ -24,5 +24,8 @@ slow_tests: setup
 benchmark: setup
 	$(PYTHON) benchmarks/benchmark_grpo_step.py
 
+reproduce: setup
+	$(PYTHON) benchmarks/reproduce_cold_start.py
+
 clean:
-	rm -rf demo_output build dist *.egg-info .pytest_cache
+	rm -rf demo_output reproduction_output build dist *.egg-info .pytest_cache
