@@ -25,5 +25,8 @@ benchmark: setup
 	$(PYTHON) benchmarks/benchmark_grpo_step.py
 	$(PYTHON) benchmarks/benchmark_sync_zero3.py
 
+reproduce: setup
+	$(PYTHON) benchmarks/reproduce_cold_start.py
+
 clean:
-	rm -rf demo_output build dist *.egg-info .pytest_cache
+	rm -rf demo_output reproduction_output build dist *.egg-info .pytest_cache
