@@ -1,8 +1,10 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Prints two tables: GRPO seconds/step for a fixed tiny config (with and without reference sync), and the time of
-one reference sync against the memory-bandwidth floor and a naive per-parameter update.
+"""Prints two tables: GRPO seconds/step and peak memory for a fixed config (with and without reference sync), and
+the time of one reference sync against the memory-bandwidth floor and a naive per-parameter update.
 
-    python benchmarks/benchmark_grpo_step.py [--steps 40] [--hidden_size 64] [--device cpu]
+    python benchmarks/benchmark_grpo_step.py                       # tiny Qwen2, CPU, fp32
+    python benchmarks/benchmark_grpo_step.py --preset 0.5b         # Qwen2.5-0.5B shape, bf16, GPU if there is one
+    python benchmarks/benchmark_grpo_step.py --preset 0.5b --skip_step   # sync table only (e.g. on a CPU)
 """
 
 import argparse
@@ -35,7 +37,16 @@ class StepTimer(TrainerCallback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def grpo_step_time(model_dir: str, steps: int, sync: bool, use_cpu: bool) -> tuple[float, float, float]:
+PRESETS = {
+    "tiny": dict(hidden_size=64, num_layers=2),
+    # The shape of Qwen2.5-0.5B: 494M parameters with its 151936-token vocabulary.
+    "0.5b": dict(hidden_size=896, num_layers=24, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
+                 vocab_size=151936, max_position_embeddings=2048),
+}
+
+
+def grpo_step_time(model_dir: str, steps: int, sync: bool, use_cpu: bool, dtype: str) -> tuple[float, float, float]:
+    bf16 = dtype == "bfloat16"
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(),
         per_device_train_batch_size=64,
@@ -53,6 +64,8 @@ def grpo_step_time(model_dir: str, steps: int, sync: bool, use_cpu: bool) -> tup
         use_cpu=use_cpu,
         disable_tqdm=True,
         seed=0,
+        bf16=bf16 and not use_cpu,
+        model_init_kwargs={"dtype": dtype},
     )
     trainer = GRPOTrainer(model=model_dir, reward_funcs=[closeness_reward, accuracy_reward], args=config, train_dataset=make_arithmetic_dataset(4096))
     timer = StepTimer()
@@ -107,31 +120,34 @@ def sync_times(model: torch.nn.Module, repeats: int) -> dict[str, float]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--hidden_size", type=int, default=64)
-    parser.add_argument("--num_layers", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: fp32 for tiny, bf16 for 0.5b")
+    parser.add_argument("--skip_step", action="store_true", help="only the sync table")
     args = parser.parse_args()
+    dtype = args.dtype or ("float32" if args.preset == "tiny" else "bfloat16")
     use_cpu = args.device == "cpu"
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    shape = PRESETS[args.preset]
 
-    model_dir = build_tiny_causal_lm(tempfile.mkdtemp(), corpus=arithmetic_corpus(), hidden_size=args.hidden_size, num_layers=args.num_layers)
-    print(f"\nGRPO step: {args.hidden_size}-wide {args.num_layers}-layer Qwen2, 64 completions/step (8 prompts × 8), "
-          f"max_completion_length 8, device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"| {'sync':<14} | {'s/step (median)':>15} | {'std':>8} | {'peak GPU MiB':>12} |")
-    print(f"|{'-' * 16}|{'-' * 17}|{'-' * 10}|{'-' * 14}|")
-    for sync in (False, True):
-        median, std, peak = grpo_step_time(model_dir, args.steps, sync, use_cpu)
-        label = "every step" if sync else "none"
-        print(f"| {label:<14} | {median:>15.4f} | {std:>8.4f} | {peak:>12.1f} |")
+    model_dir = build_tiny_causal_lm(tempfile.mkdtemp(), corpus=arithmetic_corpus(), **shape)
+    if not args.skip_step:
+        print(f"\nGRPO step: preset {args.preset} ({shape['hidden_size']}-wide, {shape['num_layers']} layers), {dtype}, "
+              f"64 completions/step (8 prompts × 8), max_completion_length 8, device {args.device}, torch {torch.__version__}, "
+              f"{torch.get_num_threads()} threads")
+        print(f"| {'sync':<14} | {'s/step (median)':>15} | {'std':>8} | {'peak GPU MiB':>12} |")
+        print(f"|{'-' * 16}|{'-' * 17}|{'-' * 10}|{'-' * 14}|")
+        for sync in (False, True):
+            median, std, peak = grpo_step_time(model_dir, args.steps, sync, use_cpu, dtype)
+            label = "every step" if sync else "none"
+            print(f"| {label:<14} | {median:>15.4f} | {std:>8.4f} | {peak:>12.1f} |")
 
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).to(args.device)
-    result = sync_times(model, repeats=50)
-    print(f"\nOne reference sync (α=0.6), {result['bytes'] / 2**20:.2f} MiB of {args.dtype} parameters, device {args.device}")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(args.device)
+    result = sync_times(model, repeats=50 if args.preset == "tiny" else 10)
+    print(f"\nOne reference sync (α=0.6), preset {args.preset}, {result['bytes'] / 2**20:.2f} MiB of {dtype} parameters, device {args.device}")
     print(f"| {'method':<40} | {'ms':>9} | {'× floor':>8} |")
     print(f"|{'-' * 42}|{'-' * 11}|{'-' * 10}|")
     for name, key in (("bandwidth floor (3 × bytes / copy BW)", "floor"), ("trl sync (mix_tensors_, fp32 maths)", "sync"), ("naive per-parameter mul_/add_", "naive")):

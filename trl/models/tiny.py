@@ -86,9 +86,12 @@ def tiny_qwen2_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, **o
 
 
 def build_tiny_causal_lm(
-    save_dir: str, corpus: list[str] | None = None, seed: int = 0, vocab_size: int = 384, **config_overrides
+    save_dir: str, corpus: list[str] | None = None, seed: int = 0, tokenizer_vocab_size: int = 384, **config_overrides
 ) -> str:
     """Save a random tiny `Qwen2ForCausalLM` and its tokenizer to `save_dir`; return the path.
+
+    `config_overrides` go to [`tiny_qwen2_config`] (e.g. `hidden_size`, `num_layers`, or a model `vocab_size` larger
+    than the tokenizer's to match a real model's parameter count).
 
     The tokenizer is checked to round-trip through `AutoTokenizer.from_pretrained(save_dir)` with identical ids.
 
@@ -96,7 +99,7 @@ def build_tiny_causal_lm(
         RuntimeError: if the reloaded tokenizer encodes the corpus differently.
     """
     corpus = corpus or DEFAULT_CORPUS
-    tokenizer = build_tokenizer(corpus, vocab_size)
+    tokenizer = build_tokenizer(corpus, tokenizer_vocab_size)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(tiny_qwen2_config(tokenizer, **config_overrides))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
