@@ -8,7 +8,7 @@ from transformers import Qwen2ForCausalLM
 
 from trl import sync_reference_model
 from trl.models.tiny import build_tokenizer, tiny_qwen2_config
-from trl.trainer.ref_sync import mix_tensors_, paired_tensors
+from trl.trainer.ref_sync import mix_tensors_, pair_for_sync
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +111,9 @@ def test_floating_buffers_synced_integer_buffers_untouched():
     assert torch.equal(reference.count, torch.tensor([2, 3]))
 
 
-def test_paired_tensors_align_by_name():
+def test_pairs_align_by_name():
     policy, reference = WithBuffers(1), WithBuffers(2)
-    pol, ref = paired_tensors(policy, reference)
+    pol, ref = pair_for_sync(policy, reference).local_parts()
     assert len(pol) == len(ref) == 3  # weight, bias, running_mean (not the integer buffer)
     assert all(p.data_ptr() == q.data_ptr() for p, q in zip(pol, [policy.linear.weight, policy.linear.bias, policy.running_mean]))
     assert all(p.data_ptr() == q.data_ptr() for p, q in zip(ref, [reference.linear.weight, reference.linear.bias, reference.running_mean]))

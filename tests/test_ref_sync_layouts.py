@@ -10,7 +10,7 @@ from torch import nn
 
 from trl import SyncRefModelCallback, sync_reference_model
 from trl.models.utils import _inference_deepspeed_config
-from trl.trainer.ref_sync import ReferenceSync, pair_for_sync, paired_tensors, tensor_layout
+from trl.trainer.ref_sync import ReferenceSync, pair_for_sync, tensor_layout
 
 
 def _pair_of_mlps(seed: int = 0) -> tuple[nn.Module, nn.Module]:
@@ -39,9 +39,9 @@ def test_local_parts_share_storage_and_follow_reassigned_data():
     assert torch.equal(reference[0].weight, policy[0].weight)
 
 
-def test_paired_tensors_keeps_its_api():
+def test_local_parts_share_storage_with_the_parameters():
     policy, reference = _pair_of_mlps()
-    pol, ref = paired_tensors(policy, reference)
+    pol, ref = pair_for_sync(policy, reference).local_parts()
     assert len(pol) == len(ref) == 6
     assert all(r.data_ptr() == p.data_ptr() for r, p in zip(ref, reference.parameters()))
 

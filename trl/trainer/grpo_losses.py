@@ -30,6 +30,26 @@ def combine_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor
     return rewards, valid
 
 
+def group_reward_std(rewards: torch.Tensor, num_generations: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Sample (Bessel-corrected) standard deviation of each group's valid rewards; 0 with fewer than two.
+
+    Args:
+        rewards: `(N,)` float tensor, N = B·G, the G completions of a prompt contiguous.
+        num_generations: G.
+        valid: optional `(N,)` bool mask of the rewards to count.
+
+    Returns:
+        `(B,)` float tensor.
+    """
+    if valid is None:
+        valid = torch.ones_like(rewards, dtype=torch.bool)
+    r = torch.where(valid, rewards, torch.zeros_like(rewards)).view(-1, num_generations)
+    v = valid.view(-1, num_generations).to(rewards.dtype)
+    count = v.sum(dim=1)
+    mean = r.sum(dim=1, keepdim=True) / count.clamp(min=1).unsqueeze(1)
+    return (((r - mean) * v).square().sum(dim=1) / (count - 1).clamp(min=1)).sqrt()
+
+
 def group_advantages(
     rewards: torch.Tensor,
     num_generations: int,
@@ -63,10 +83,9 @@ def group_advantages(
         valid = torch.ones_like(rewards, dtype=torch.bool)
     r = torch.where(valid, rewards, torch.zeros_like(rewards)).view(-1, num_generations)
     v = valid.view(-1, num_generations).to(rewards.dtype)
-    count = v.sum(dim=1, keepdim=True)
-    mean = r.sum(dim=1, keepdim=True) / count.clamp(min=1)
+    mean = r.sum(dim=1, keepdim=True) / v.sum(dim=1, keepdim=True).clamp(min=1)
     centred = (r - mean) * v
-    group_std = (centred.square().sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+    group_std = group_reward_std(rewards, num_generations, valid).unsqueeze(1)
     # Exact zeros for groups with one valid value or all-equal values (no rounding residue from the mean).
     distinct = (r.masked_fill(v == 0, float("inf")).amin(1) != r.masked_fill(v == 0, float("-inf")).amax(1))
     centred = centred * distinct.unsqueeze(1)
@@ -185,7 +204,8 @@ def aggregate_loss(
     - `"dapo"`: sum / `num_items_in_batch` (DAPO token-level loss, arXiv 2503.14476), where the trainer passes the
       active-token count of the whole generation batch over all processes divided by (processes × micro-batches),
       so that after the trainer's division by the accumulation steps and DDP's average the gradient is the
-      token-mean over the generation batch.
+      token-mean over the generation batch (exactly when `steps_per_generation == gradient_accumulation_steps`,
+      the default; otherwise scaled by their ratio).
 
     Under gradient accumulation the trainer divides each micro-batch's value by the number of accumulation steps,
     which makes `"grpo"`, `"dr_grpo"` and `"dapo"` equal to the loss of the whole batch at once.

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from collections.abc import Callable, Sized
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate.utils import gather, gather_object
 from safetensors.torch import load_file, save_file
@@ -47,6 +48,7 @@ from .grpo_losses import (
     combine_rewards,
     completion_mask,
     group_advantages,
+    group_reward_std,
     kl_k3,
     masked_mean,
     selective_log_softmax,
@@ -59,6 +61,7 @@ logger = logging.get_logger(__name__)
 REF_MODEL_FILE = "ref_model.safetensors"  # full fine-tuning: the synced reference's weights
 REF_ADAPTER_FILE = "ref_adapter.safetensors"  # PEFT: the reference adapter's tensors
 REF_SYNC_STATE_FILE = "ref_sync_state.json"  # sync counters
+GENERATION_BUFFER_FILE = "generation_buffer_rank{rank}.pt"  # the rest of a generation batch cut by a checkpoint
 
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
@@ -266,11 +269,10 @@ class GRPOTrainer(Trainer):
         self.num_iterations = args.num_iterations
         self.max_prompt_length = args.max_prompt_length
         self.max_completion_length = args.max_completion_length
-        self.temperature = args.temperature
         self.loss_type = args.loss_type
         self.epsilon_low = args.epsilon
         self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-        self.generation_config = GenerationConfig(
+        generation_kwargs = dict(
             max_new_tokens=args.max_completion_length,
             do_sample=True,
             temperature=args.temperature,
@@ -282,12 +284,15 @@ class GRPOTrainer(Trainer):
             eos_token_id=processing_class.eos_token_id,
             bos_token_id=processing_class.bos_token_id,
             disable_compile=True,
-            **(args.generation_kwargs or {}),
         )
+        self.generation_config = GenerationConfig(**{**generation_kwargs, **(args.generation_kwargs or {})})
+        self.temperature = self.generation_config.temperature  # log-probs use the sampling temperature
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._last_completions: dict[str, list] = {}
         self._buffered_inputs: list[dict[str, Any]] | None = None
         self._step: int | None = None
+        self._eval_generations = 0  # eval generation batches so far (seeds their sampling)
+        self._total_train_tokens = 0  # prompt + completion tokens seen in training, all processes
 
         super().__init__(
             model=model,
@@ -349,10 +354,11 @@ class GRPOTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         self._step, self._buffered_inputs = None, None
-        if resume_from_checkpoint and self.sync_callback is not None:
-            checkpoint = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
-            if checkpoint is not None:
+        checkpoint = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+        if checkpoint:
+            if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
+            self._load_generation_buffer(checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
     # ---- checkpoints: the synced reference travels with the policy ----
@@ -367,6 +373,8 @@ class GRPOTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self._save_generation_buffer(folder)
         if self.sync_callback is None:
             return
         # Sharded references (ZeRO-3, FSDP2) are gathered one tensor at a time; every rank takes part.
@@ -377,10 +385,26 @@ class GRPOTrainer(Trainer):
                     state[name] = full.detach().to("cpu", copy=True).contiguous()
         if not self.args.should_save:
             return
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         save_file(state, os.path.join(folder, REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE))
         with open(os.path.join(folder, REF_SYNC_STATE_FILE), "w") as f:
             json.dump(self.sync_callback.state_dict(), f)
+
+    def _generation_buffer_file(self, folder: str) -> str:
+        return os.path.join(folder, GENERATION_BUFFER_FILE.format(rank=self.accelerator.process_index))
+
+    def _save_generation_buffer(self, folder: str) -> None:
+        """A checkpoint inside a generation batch keeps the rest of that batch (this process's slices), so that a
+        resumed run trains on the same completions, advantages and old log-probs as the uninterrupted one."""
+        if self._buffered_inputs is None or self._step % (self.args.steps_per_generation * self.num_iterations) == 0:
+            return
+        os.makedirs(folder, exist_ok=True)
+        torch.save({"step": self._step, "inputs": self._buffered_inputs}, self._generation_buffer_file(folder))
+
+    def _load_generation_buffer(self, checkpoint: str) -> None:
+        path = self._generation_buffer_file(checkpoint)
+        if os.path.exists(path):
+            saved = torch.load(path, map_location=self.accelerator.device, weights_only=True)
+            self._step, self._buffered_inputs = saved["step"], saved["inputs"]
 
     def _load_reference_state(self, checkpoint: str) -> None:
         """Restore the synced reference (and the sync counters) saved in `checkpoint`; warn when there is none.
@@ -455,14 +479,19 @@ class GRPOTrainer(Trainer):
             return self._get_per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, batch_size)
 
     @contextmanager
-    def _sampling_rng(self):
-        """Seed sampling from (seed, micro-step, process) and leave the global RNG stream untouched.
+    def _sampling_rng(self, mode: str):
+        """Seed sampling from (seed, mode, position, process) and leave the global RNG stream untouched.
 
-        Completions then depend on where training is, not on what consumed random numbers before, so a run resumed
-        from a checkpoint samples exactly what the uninterrupted run sampled.
+        The position is the micro-step for training and a running count of eval batches for evaluation. Completions
+        then depend on where training is, not on what consumed random numbers before, so a run resumed from a
+        checkpoint samples exactly what the uninterrupted run sampled, and no two generation batches share draws.
         """
-        step = self._step if self.model.training and self._step is not None else -1 - self.state.global_step
-        seed = hash((self.args.seed, step, self.accelerator.process_index)) & (2**63 - 1)
+        if mode == "train":
+            position = self._step if self._step is not None else self.state.global_step * self.args.gradient_accumulation_steps
+        else:
+            position, self._eval_generations = self._eval_generations, self._eval_generations + 1
+        entropy = [self.args.seed, int(mode == "eval"), position, self.accelerator.process_index]
+        seed = int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
         device = self.accelerator.device
         devices = [device] if device.type != "cpu" else []
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
@@ -516,16 +545,15 @@ class GRPOTrainer(Trainer):
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator, args.ds3_gather_for_generation) as policy:
             was_training = policy.training
             policy.eval()  # use the KV cache even with gradient checkpointing
-            with torch.no_grad(), self._sampling_rng():
+            with torch.no_grad(), self._sampling_rng(mode):
                 sequences = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.generation_config)
             policy.train(was_training)
         completion_ids = sequences[:, prompt_ids.size(1) :]
         eos_ids = self.generation_config.eos_token_id
-        mask = completion_mask(completion_ids, eos_ids)
+        full_mask = completion_mask(completion_ids, eos_ids)  # the tokens of each completion
         terminated = torch.isin(completion_ids, torch.as_tensor(eos_ids, device=device).reshape(-1)).any(dim=1)
-        if args.mask_truncated_completions:
-            mask = mask * terminated.unsqueeze(1).long()
-        completion_ids_list = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask(completion_ids, eos_ids))]
+        mask = full_mask * terminated.unsqueeze(1).long() if args.mask_truncated_completions else full_mask  # loss mask
+        completion_ids_list = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, full_mask)]
         completions_text = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         completions = [[{"role": "assistant", "content": text}] for text in completions_text] if conversational else completions_text
 
@@ -540,7 +568,8 @@ class GRPOTrainer(Trainer):
         attention_mask = torch.cat([prompt_mask, mask], dim=1)
         logits_to_keep = completion_ids.size(1)
         batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
-        stale = args.gradient_accumulation_steps % args.steps_per_generation != 0 or self.num_iterations > 1
+        # The data is stale (needs the sampling policy's log-probs) when its generation batch spans optimizer steps.
+        stale = args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) != 0
         output = {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
@@ -559,9 +588,11 @@ class GRPOTrainer(Trainer):
 
         # Metrics
         metrics = self._metrics[mode]
-        lengths = gather(completion_mask(completion_ids, eos_ids).sum(1)).float()
+        lengths = gather(full_mask.sum(1)).float()
         all_terminated = gather(terminated)
-        metrics["num_tokens"].append(gather(prompt_mask.sum() + mask.sum()).sum().item())
+        if mode == "train":
+            self._total_train_tokens += gather(prompt_mask.sum() + full_mask.sum()).sum().item()
+            metrics["num_tokens"] = [self._total_train_tokens]  # cumulative, like TRL
         metrics["completions/mean_length"].append(lengths.mean().item())
         metrics["completions/min_length"].append(lengths.min().item())
         metrics["completions/max_length"].append(lengths.max().item())
@@ -571,8 +602,7 @@ class GRPOTrainer(Trainer):
             column = column[~torch.isnan(column)]
             metrics[f"rewards/{name}/mean"].append(column.mean().item() if column.numel() else float("nan"))
             metrics[f"rewards/{name}/std"].append(column.std().item() if column.numel() > 1 else float("nan"))
-        grouped = rewards.view(-1, self.num_generations)
-        group_std = grouped.std(dim=1)
+        group_std = group_reward_std(rewards, self.num_generations, valid)
         metrics["reward"].append(rewards[valid].mean().item() if valid.any() else float("nan"))
         metrics["reward_std"].append(group_std.mean().item())
         metrics["frac_reward_zero_std"].append((group_std == 0).float().mean().item())

@@ -5,6 +5,7 @@ Iterative GRPO (DeepSeekMath, arXiv 2402.03300, Algorithm 1) resets the referenc
 (arXiv 2404.09656) mixes it softly (0 < α < 1). *When* to sync is decided by `SyncRefModelCallback`.
 """
 
+import copy
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -198,28 +199,16 @@ def pair_for_sync(policy: nn.Module, reference: nn.Module | None) -> ReferenceSy
     return plan
 
 
-def paired_tensors(policy: nn.Module, reference: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Match the tensors of `reference` with those of `policy` by name; return the local parts to mix.
+def _adapter_pairs(model: nn.Module, policy_adapter: str, reference_adapter: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """`(name, policy parameter, reference parameter)` for each tensor of a PEFT model's two adapters.
 
-    Local parts are whole tensors (single device, DDP, ZeRO-1/2), ZeRO-3 partitions (`param.ds_tensor`) or DTensor
-    shards (`param.to_local()`); each shares storage with its parameter.
-
-    Returns:
-        `(policy_tensors, reference_tensors)`, two aligned lists.
+    With LoRA the reference is the shared base model plus a frozen second adapter (see `add_reference_adapter`);
+    syncing mixes adapter tensors only. A parameter belongs to an adapter when its name has a component equal to the
+    adapter's name (e.g. `...lora_A.default.weight`); names are matched with that component masked.
 
     Raises:
-        ValueError: if the two models do not have the same tensor names and shapes, or if some local parts do not
-            line up (use [`pair_for_sync`], which falls back to gathering those).
+        ValueError: if the two adapters do not have the same tensors.
     """
-    plan = pair_for_sync(policy, reference)
-    if plan.fallback:
-        raise ValueError(f"{len(plan.fallback)} tensors are partitioned differently in the policy and the reference; use `pair_for_sync`.")
-    return plan.local_parts()
-
-
-def _adapter_pairs(model: nn.Module, policy_adapter: str, reference_adapter: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """`(name, policy tensor, reference tensor)` for each tensor of a PEFT model's two adapters (see
-    `paired_adapter_tensors`)."""
 
     def adapter_tensors(adapter: str) -> dict[str, torch.Tensor]:
         found = {}
@@ -227,33 +216,16 @@ def _adapter_pairs(model: nn.Module, policy_adapter: str, reference_adapter: str
             parts = name.split(".")
             if adapter in parts:
                 parts[parts.index(adapter)] = "<adapter>"
-                found[".".join(parts)] = parameter.detach()
+                found[".".join(parts)] = parameter  # not detached: ZeRO-3 attributes must survive
         return found
 
     policy, reference = adapter_tensors(policy_adapter), adapter_tensors(reference_adapter)
-    if not reference or set(policy) != set(reference) or any(policy[k].shape != reference[k].shape for k in reference):
+    if not reference or set(policy) != set(reference) or any(_full_shape(policy[k]) != _full_shape(reference[k]) for k in reference):
         raise ValueError(
             f"Adapter {reference_adapter!r} does not mirror adapter {policy_adapter!r} "
             f"({len(reference)} vs {len(policy)} tensors); create it with add_reference_adapter."
         )
     return [(k, policy[k], reference[k]) for k in sorted(reference)]
-
-
-def paired_adapter_tensors(model: nn.Module, policy_adapter: str = "default", reference_adapter: str = REFERENCE_ADAPTER) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Match the tensors of a PEFT model's reference adapter with those of its policy adapter.
-
-    With LoRA the reference is the shared base model plus a frozen second adapter (see `add_reference_adapter`);
-    syncing mixes adapter tensors only. A parameter belongs to an adapter when its name has a component equal to
-    the adapter's name (e.g. `...lora_A.default.weight`).
-
-    Returns:
-        `(policy_tensors, reference_tensors)`, two aligned lists.
-
-    Raises:
-        ValueError: if the two adapters do not have the same tensors.
-    """
-    pairs = _adapter_pairs(model, policy_adapter, reference_adapter)
-    return [p for _, p, _ in pairs], [r for _, _, r in pairs]
 
 
 @torch.no_grad()
@@ -330,9 +302,8 @@ def add_reference_adapter(model: nn.Module, name: str = REFERENCE_ADAPTER) -> No
     if name in model.peft_config:
         raise ValueError(f"The model already has an adapter named {name!r}.")
     active = model.active_adapter
-    model.add_adapter(name, model.peft_config[active])
-    policy_tensors, reference_tensors = paired_adapter_tensors(model, active, name)
-    mix_tensors_(reference_tensors, policy_tensors, 1.0)
+    model.add_adapter(name, copy.deepcopy(model.peft_config[active]))
+    ReferenceSync(local=_adapter_pairs(model, active, name))(1.0)
     for param_name, parameter in model.named_parameters():
         if name in param_name.split("."):
             parameter.requires_grad_(False)
