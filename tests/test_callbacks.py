@@ -187,3 +187,10 @@ def test_without_sync_the_reference_never_moves(tiny_lm_path, arithmetic_dataset
         assert same(ref, ref0), step
         assert not same(policy, policy0), step
     assert "ref_model/num_syncs" not in trainer.state.log_history[0]
+
+
+def test_sync_target_model_static_alias():
+    policy, target = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+    expected = torch.lerp(target.weight.detach().clone(), policy.weight.detach(), 0.25)
+    SyncRefModelCallback.sync_target_model(policy, target, 0.25)
+    assert torch.equal(target.weight, expected)

@@ -363,3 +363,94 @@ def test_generation_batch_spanning_optimizer_steps_gets_old_logps(tiny_lm_path, 
     assert output["old_per_token_logps"].shape == output["completion_ids"].shape
     assert output["num_items_in_batch"].item() == output["completion_mask"].sum().item() / 2
     assert output["advantages"].shape == (8,)
+
+
+# ---------------------------------------------------------------- sampling seeds, evaluation, generation settings
+
+
+def _recording_generation(trainer):
+    """Wrap `generate` to record every batch of completion ids it returns."""
+    batches, generate = [], trainer._generate_and_score_completions
+
+    def recording(inputs):
+        output = generate(inputs)
+        batches.append((trainer.model.training, output["completion_ids"].clone()))
+        return output
+
+    trainer._generate_and_score_completions = recording
+    return batches
+
+
+def test_each_generation_batch_gets_its_own_sampling_noise(tiny_lm_path, grpo_kwargs):
+    from datasets import Dataset
+
+    same_prompt = Dataset.from_dict({"prompt": ["1+1="] * 64})
+    args = GRPOConfig(**{**grpo_kwargs, "gradient_accumulation_steps": 1, "max_steps": 3, "learning_rate": 1e-12})
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=same_prompt, eval_dataset=same_prompt.select(range(8)))
+    batches = _recording_generation(trainer)
+    trainer.train()
+    trainer.evaluate()
+    train = [ids for training, ids in batches if training]
+    evals = [ids for training, ids in batches if not training]
+    assert len(train) == 3 and len(evals) == 4  # 8 eval prompts × 4 generations / 8 per eval batch
+    # Same prompts, (practically) the same policy: only the sampling noise can tell the batches apart.
+    everything = train + evals
+    for i in range(len(everything)):
+        for j in range(i + 1, len(everything)):
+            assert not torch.equal(everything[i], everything[j]), (i, j)
+
+
+def test_evaluate_reports_eval_metrics(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    args = GRPOConfig(**{**grpo_kwargs, "per_device_eval_batch_size": 8})
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset,
+                          eval_dataset=arithmetic_dataset.select(range(4)))
+    assert torch.isfinite(torch.tensor(trainer.evaluate()["eval_loss"]))
+    logged = trainer.state.log_history[-1]  # as in TRL, the GRPO metrics go to the logs
+    assert logged["eval_kl"] == 0.0  # policy == reference before any training
+    assert 0.0 <= logged["eval_reward"] <= 4.0  # first_token_reward is in {0, ..., 4}
+    assert "reward" not in logged and "eval_completions/mean_length" in logged
+
+
+def test_eval_batch_not_divisible_by_num_generations_raises(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    args = GRPOConfig(**{**grpo_kwargs, "per_device_eval_batch_size": 6})
+    with pytest.raises(ValueError, match=r"global eval batch \(6 × 1 processes\) must be divisible by num_generations \(4\)"):
+        GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset, eval_dataset=arithmetic_dataset)
+
+
+def test_generation_kwargs_override_the_named_fields(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    args = GRPOConfig(**{**grpo_kwargs, "temperature": 1.0, "generation_kwargs": {"max_new_tokens": 2, "top_p": 0.9, "temperature": 0.7}})
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
+    config = trainer.generation_config
+    assert (config.max_new_tokens, config.top_p, config.temperature) == (2, 0.9, 0.7)
+    assert trainer.temperature == 0.7  # the training log-probs use the sampling temperature
+    batches = _recording_generation(trainer)
+    trainer.train()
+    assert all(ids.size(1) <= 2 for _, ids in batches)
+
+
+def test_mask_truncated_completions_leaves_only_terminated_ones(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    args = GRPOConfig(**{**grpo_kwargs, "mask_truncated_completions": True})
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
+    eos = trainer.processing_class.eos_token_id
+    completions = torch.tensor([[5, eos, eos, eos], [5, 6, 7, 8], [eos, eos, eos, eos], [9, 9, eos, eos]] * 2)
+
+    def fixed_generate(input_ids, attention_mask, generation_config):
+        return torch.cat([input_ids, completions], dim=1)
+
+    trainer.model.generate = fixed_generate
+    trainer.model.train()
+    output = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in (0, 1) for _ in range(4)])
+    expected = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]] * 2)
+    assert torch.equal(output["completion_mask"], expected)
+    assert output["num_items_in_batch"].item() == expected.sum().item() / 2  # steps_per_generation = 2
+
+
+def test_clip_ratio_is_logged_when_the_policy_moves_off_the_data(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    args = GRPOConfig(**{**grpo_kwargs, "max_steps": 2, "num_iterations": 2, "gradient_accumulation_steps": 1,
+                         "steps_per_generation": 1, "learning_rate": 5e-2, "logging_steps": 1})
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "clip_ratio/region_mean" in h]
+    assert logs[0]["clip_ratio/region_mean"] == 0.0  # first pass: on-policy, ratio = 1
+    assert logs[1]["clip_ratio/region_mean"] > 0.0  # second pass over the same batch: the ratio left [0.8, 1.2]
+    assert logs[1]["clip_ratio/region_mean"] == pytest.approx(logs[1]["clip_ratio/low_mean"] + logs[1]["clip_ratio/high_mean"])

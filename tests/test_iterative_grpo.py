@@ -195,3 +195,31 @@ def test_epoch_strategy_syncs_at_each_epoch_end(model_dir, tmp_path):
     trainer.train()
     assert trainer.state.global_step == 16
     assert sync_steps == [8, 16]
+
+
+def test_resume_inside_a_generation_batch_is_exact(model_dir, tmp_path):
+    """A checkpoint after step 1 of a generation batch that serves 4 optimizer steps (steps_per_generation=2,
+    num_iterations=2): the rest of that batch is saved and the resumed run equals the uninterrupted one."""
+    from trl.trainer.grpo_trainer import GENERATION_BUFFER_FILE
+
+    common = dict(ref_model_mixup_alpha=0.5, max_steps=4, gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=2)
+    run_a = make_trainer(model_dir, tmp_path / "a", **common)
+    run_a.train()
+
+    run_b = make_trainer(model_dir, tmp_path / "b", save_strategy="steps", save_steps=1, **common)
+    run_b.add_callback(_interrupt_at(1))
+    run_b.train()
+    checkpoint = tmp_path / "b" / "checkpoint-1"
+    assert (checkpoint / GENERATION_BUFFER_FILE.format(rank=0)).exists()
+
+    resumed = make_trainer(model_dir, tmp_path / "b", **common)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    policy_a, policy_c = dict(run_a.model.named_parameters()), dict(resumed.model.named_parameters())
+    assert all(torch.equal(policy_a[k], policy_c[k]) for k in policy_a)
+    ref_a, ref_c = run_a._reference_tensors(), resumed._reference_tensors()
+    assert all(torch.equal(ref_a[k], ref_c[k]) for k in ref_a)
+    # Without the saved batch the resumed run regenerates with the moved policy and drifts away.
+    os.remove(checkpoint / GENERATION_BUFFER_FILE.format(rank=0))
+    drifted = make_trainer(model_dir, tmp_path / "b", **common)
+    drifted.train(resume_from_checkpoint=str(checkpoint))
+    assert not all(torch.equal(policy_a[k], p) for k, p in drifted.model.named_parameters())

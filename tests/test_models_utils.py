@@ -1,6 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """trl.models.utils: the reference model is a frozen, separate, bitwise copy; dropout can be switched off."""
 
+import pytest
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
@@ -34,3 +35,8 @@ def test_disable_dropout_in_model():
     model.train()
     x = torch.ones(1000, 2)
     assert torch.equal(model(x), model(x))
+
+
+def test_create_reference_model_refuses_layer_sharing():
+    with pytest.raises(NotImplementedError, match="does not share layers with the policy"):
+        create_reference_model(torch.nn.Linear(2, 2), num_shared_layers=1)

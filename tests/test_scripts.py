@@ -57,9 +57,10 @@ def test_cli_yaml_config_with_override(tmp_path, model_dir):
               "ref_model_mixup_alpha": 0.5, "output_dir": str(tmp_path / "out")}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
-    trainer = grpo_main(["--config", str(path), "--max_steps", "1", *COMMON])
+    trainer = grpo_main([f"--config={path}", "--max_steps", "1", "--attn_implementation", "eager", *COMMON])
     assert trainer.state.global_step == 1  # the flag overrides the file
     assert trainer.args.beta == 0.1 and trainer.args.ref_model_mixup_alpha == 0.5
+    assert trainer.model.config._attn_implementation == "eager"
     assert trainer.sync_callback.num_syncs == 1
 
 
@@ -80,5 +81,6 @@ def test_resolve_reward_func(tmp_path):
 
 def test_console_script_usage(capsys):
     assert cli_main([]) == 2
-    assert "usage: trl {grpo}" in capsys.readouterr().out
+    assert "usage: trl {grpo}" in capsys.readouterr().err  # a usage error goes to stderr
     assert cli_main(["--help"]) == 0
+    assert "usage: trl {grpo}" in capsys.readouterr().out

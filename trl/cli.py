@@ -9,8 +9,10 @@ COMMANDS = ("grpo",)
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: trl {grpo} [--config FILE.yaml] [--flag value ...]\n\n  grpo    train with (iterative) GRPO; `trl grpo --help` lists every flag")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        asked = bool(argv) and argv[0] in ("-h", "--help")
+        usage = "usage: trl {grpo} [--config FILE.yaml] [--flag value ...]\n\n  grpo    train with (iterative) GRPO; `trl grpo --help` lists every flag"
+        print(usage, file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     from .scripts.grpo import main as grpo_main
 
     grpo_main(argv[1:])

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from torch import nn
 
 
-def create_reference_model(model: nn.Module) -> nn.Module:
+def create_reference_model(model: nn.Module, num_shared_layers: int | None = None, pattern: str | None = None) -> nn.Module:
     """A frozen copy of `model` to serve as the reference model π_ref.
 
     The copy has the same parameter names, shapes, dtypes and devices, is in eval mode, and none of its parameters
@@ -21,13 +21,21 @@ def create_reference_model(model: nn.Module) -> nn.Module:
 
     Args:
         model: a `transformers.PreTrainedModel` (or any `nn.Module`), not wrapped by DDP/DeepSpeed.
+        num_shared_layers, pattern: TRL's layer sharing between policy and reference. Not supported: a reference
+            that shares layers with the policy would move with it and could not be synced.
 
     Returns:
         The reference model.
 
     Raises:
+        NotImplementedError: if `num_shared_layers` or `pattern` is given.
         ValueError: if `model` is ZeRO-3 partitioned and has no `config._name_or_path` to load from.
     """
+    if num_shared_layers is not None or pattern is not None:
+        raise NotImplementedError(
+            "create_reference_model does not share layers with the policy (num_shared_layers/pattern): a shared layer "
+            "would train with the policy and could not be synced. Leave both unset."
+        )
     if any(hasattr(p, "ds_id") for p in model.parameters()):
         path = getattr(getattr(model, "config", None), "_name_or_path", None)
         if not path or not hasattr(type(model), "from_pretrained"):

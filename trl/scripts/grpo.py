@@ -23,7 +23,10 @@ class ModelConfig:
     """Which model to train, and LoRA settings when `use_peft` is set."""
 
     model_name_or_path: str = field(metadata={"help": "Local model folder (or hub id)."})
+    model_revision: str = field(default="main", metadata={"help": "Branch, tag or commit of a hub model."})
     dtype: str | None = field(default=None, metadata={"help": "'auto', 'bfloat16', 'float16' or 'float32'."})
+    attn_implementation: str | None = field(default=None, metadata={"help": "e.g. 'sdpa', 'eager', 'flash_attention_2'."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom modelling code from the model folder."})
     use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
@@ -58,8 +61,11 @@ def resolve_reward_func(name: str):
 def main(argv: list[str] | None = None) -> GRPOTrainer:
     parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig), prog="trl grpo")
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
-    if model_args.dtype is not None:
-        training_args.model_init_kwargs = {**(training_args.model_init_kwargs or {}), "dtype": model_args.dtype}
+    model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": model_args.trust_remote_code}
+    for key in ("dtype", "attn_implementation"):
+        if getattr(model_args, key) is not None:
+            model_init_kwargs[key] = getattr(model_args, key)
+    training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
     peft_config = None
     if model_args.use_peft:
         from peft import LoraConfig

@@ -32,6 +32,7 @@ class TrlParser(HfArgumentParser):
 
     def parse_args_and_config(self, args: list[str] | None = None):
         args = list(sys.argv[1:] if args is None else args)
+        args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
         if "--config" in args:
             index = args.index("--config")
             with open(args[index + 1], encoding="utf-8") as f:

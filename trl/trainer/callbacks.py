@@ -4,7 +4,7 @@
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from .ref_sync import ReferenceSync, pair_for_sync
+from .ref_sync import ReferenceSync, pair_for_sync, sync_reference_model
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -47,6 +47,11 @@ class SyncRefModelCallback(TrainerCallback):
         self._sync(args.ref_model_mixup_alpha)
         self.num_syncs += 1
         self.last_sync_step = state.global_step
+
+    @staticmethod
+    def sync_target_model(model: nn.Module, target_model: nn.Module, alpha: float) -> None:
+        """One sync of `target_model` towards `model` (TRL's name): `trl.sync_reference_model(model, target_model, alpha)`."""
+        sync_reference_model(model, target_model, alpha)
 
     def state_dict(self) -> dict[str, int]:
         """Counters to store in a checkpoint next to the reference weights."""
