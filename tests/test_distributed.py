@@ -77,6 +77,21 @@ def zero3_results(model_dir, tmp_path_factory, deepspeed_op):
 
 
 @pytest.fixture(scope="module")
+def zero3_lora_results(model_dir, tmp_path_factory, deepspeed_op):
+    pytest.importorskip("peft")
+    return _launch("zero3_lora", model_dir, tmp_path_factory.mktemp("zero3_lora"))
+
+
+def test_zero3_lora_reference_adapter_syncs_its_partitions(zero3_lora_results):
+    for rank in zero3_lora_results:
+        assert rank["world_size"] == 2 and rank["num_syncs"] == STEPS // TAU
+        # Every reference-adapter tensor is a ZeRO-3 parameter and this rank owns a real slice of it.
+        assert rank["zero3_reference_params"] == rank["reference_params"] == 8 and rank["local_numel"] > 0
+        assert rank["lora_b_moved"]  # training moved the adapter away from its zero init: equality is not vacuous
+        assert rank["equal"]  # after the hard sync at step 4: gathered "ref" adapter == gathered policy adapter
+
+
+@pytest.fixture(scope="module")
 def fsdp2_results(model_dir, tmp_path_factory):
     return _launch("fsdp2", model_dir, tmp_path_factory.mktemp("fsdp2"))
 

@@ -1,7 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Worker for tests/test_distributed.py, started with `torchrun --nproc_per_node 2` (gloo, CPU).
 
-    sync_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, fsdp2}
+    sync_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, zero3_lora, fsdp2}
 
 Each rank checks every reference sync against the formula on gathered tensors and writes what it measured to
 `OUT_DIR/<mode>_rank<r>.json`; the test asserts on those numbers. The gathering done for checking happens outside
@@ -310,6 +310,54 @@ def run_fsdp2(model_dir: str) -> dict:
     return out
 
 
+def run_zero3_lora(model_dir: str, out_dir: str) -> dict:
+    """LoRA policy under ZeRO-3 with its frozen "ref" adapter: after hard syncs (α = 1) the gathered reference
+    adapter equals the gathered policy adapter, bit for bit, and the mixed parts were real partitions."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.ref_sync import tensor_layout
+
+    def digits_reward(completions, **kwargs):
+        return [sum(c.isdigit() for c in text) + 0.1 * len(text) for text in completions]
+
+    args = GRPOConfig(
+        output_dir=os.path.join(out_dir, "zero3_lora_run"), per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=6, max_steps=STEPS, learning_rate=5e-2, beta=0.1, sync_ref_model=True,
+        ref_model_sync_steps=TAU, ref_model_mixup_alpha=1.0, use_cpu=True, report_to="none", save_strategy="no",
+        disable_tqdm=True, seed=0,
+        deepspeed={"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
+                   "gradient_accumulation_steps": "auto", "train_batch_size": "auto"},
+    )
+    prompts = [f"What is {a} + {b}?" for a in range(4) for b in range(4)]
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=digits_reward, args=args, train_dataset=Dataset.from_dict({"prompt": prompts}), peft_config=lora)
+    trainer.train()
+    policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    adapter = {n.replace(".default.", ".ref."): p for n, p in policy.named_parameters() if ".default." in n}
+    reference = {n: p for n, p in policy.named_parameters() if ".ref." in n}
+    local_numels = [p.ds_tensor.numel() for p in reference.values() if tensor_layout(p) == "zero3"]
+    full_adapter, full_reference = full_state_of(adapter), full_state_of(reference)
+    return {
+        "num_syncs": trainer.sync_callback.num_syncs,
+        "zero3_reference_params": len(local_numels),
+        "reference_params": len(reference),
+        "local_numel": sum(local_numels),
+        "equal": sorted(full_adapter) == sorted(full_reference) and all(torch.equal(full_adapter[n], full_reference[n]) for n in full_reference),
+        "lora_b_moved": any(full_reference[n].abs().sum().item() > 0 for n in full_reference if "lora_B" in n),
+    }
+
+
+def full_state_of(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The given ZeRO-3 (or plain) parameters gathered whole on this rank."""
+    import deepspeed
+
+    zero3 = [t for t in tensors.values() if hasattr(t, "ds_id")]
+    with deepspeed.zero.GatheredParameters(zero3):
+        return {n: t.detach().clone() for n, t in tensors.items()}
+
+
 def main() -> None:
     mode, model_dir, out_dir = sys.argv[1:4]
     torch.manual_seed(0)
@@ -320,7 +368,7 @@ def main() -> None:
             import deepspeed
 
             deepspeed.init_distributed(dist_backend="gloo")
-        result = run_grpo(mode, model_dir, out_dir)
+        result = run_zero3_lora(model_dir, out_dir) if mode == "zero3_lora" else run_grpo(mode, model_dir, out_dir)
     result["world_size"] = dist.get_world_size()
     with open(os.path.join(out_dir, f"{mode}_rank{dist.get_rank()}.json"), "w") as f:
         json.dump(result, f)

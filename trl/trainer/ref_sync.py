@@ -128,10 +128,22 @@ class ReferenceSync:
         if self.reference is not None:
             _drop_full_copies(self.reference)
         policy_parts, reference_parts = self.local_parts()
+        # ZeRO-3 keeps small ("persistent") parameters gathered on every rank next to their partition and refreshes
+        # them only after the next optimizer step. When both sides hold such a full copy (a PEFT reference adapter
+        # inside the policy's engine), mix it too, so the next forward already sees the synced reference: local, no gather.
+        for _, policy_tensor, reference_tensor in self.local:
+            if _persistent_full_copy(reference_tensor) and _persistent_full_copy(policy_tensor):
+                policy_parts.append(policy_tensor.data)
+                reference_parts.append(reference_tensor.data)
         mix_tensors_(reference_parts, policy_parts, alpha)
         for _, policy_tensor, reference_tensor in self.fallback:
             with gathered_tensor(policy_tensor, modify=False) as policy_full, gathered_tensor(reference_tensor, modify=True) as reference_full:
                 mix_tensors_([reference_full], [policy_full], alpha)
+
+
+def _persistent_full_copy(tensor: torch.Tensor) -> bool:
+    """A ZeRO-3 parameter that DeepSpeed keeps gathered between forwards (`ds_persist`) and that is gathered now."""
+    return hasattr(tensor, "ds_id") and getattr(tensor, "ds_persist", False) and tensor.ds_status.name == "AVAILABLE"
 
 
 def _drop_full_copies(reference: nn.Module) -> None:
