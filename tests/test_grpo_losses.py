@@ -144,6 +144,8 @@ def test_selective_log_softmax_matches_log_softmax_gather(dtype):
     out = selective_log_softmax(logits, index)
     assert out.dtype == torch.float32 and out.shape == (3, 5)
     assert torch.equal(out, expected)
+    # Chunked (one row of 5 × 11 float32 = 220 bytes per chunk) gives the same values.
+    assert torch.equal(selective_log_softmax(logits, index, max_chunk_bytes=220), expected)
 
 
 # ---------------------------------------------------------------- kl_k3

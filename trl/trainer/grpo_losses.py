@@ -122,21 +122,25 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | list[int])
     return (positions <= first_eos.unsqueeze(1)).long()
 
 
-def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[index] per position, computed in float32 one row at a time to bound memory.
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, max_chunk_bytes: int = 2**28) -> torch.Tensor:
+    """log softmax(logits)[index] per position, computed in float32, in row chunks of at most `max_chunk_bytes` of
+    float32 logits (one batched kernel for small batches, bounded memory for large vocabularies).
 
     Args:
         logits: `(N, L, V)` float tensor (any float dtype).
         index: `(N, L)` int tensor of token ids.
+        max_chunk_bytes: memory budget of one chunk's float32 log-probs.
 
     Returns:
         `(N, L)` float32 tensor of log-probabilities.
     """
-    rows = []
-    for row_logits, row_index in zip(logits, index):
-        logp = torch.log_softmax(row_logits.float(), dim=-1)
-        rows.append(logp.gather(-1, row_index.unsqueeze(-1)).squeeze(-1))
-    return torch.stack(rows)
+    row_bytes = max(1, logits[0].numel() * 4)
+    rows_per_chunk = max(1, max_chunk_bytes // row_bytes)
+    out = []
+    for start in range(0, logits.size(0), rows_per_chunk):
+        logp = torch.log_softmax(logits[start : start + rows_per_chunk].float(), dim=-1)
+        out.append(logp.gather(-1, index[start : start + rows_per_chunk].unsqueeze(-1)).squeeze(-1))
+    return torch.cat(out, dim=0)
 
 
 def kl_k3(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> torch.Tensor:
