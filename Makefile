@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test slow_tests benchmark reproduce clean
+.PHONY: setup demo test slow_tests benchmark reproduce lint clean
 
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
@@ -27,6 +27,10 @@ benchmark: setup
 
 reproduce: setup
 	$(PYTHON) benchmarks/reproduce_cold_start.py
+
+lint:
+	$(PIP) install -q ruff
+	ruff check . && ruff format --check .
 
 clean:
 	rm -rf demo_output reproduction_output build dist *.egg-info .pytest_cache

@@ -3,6 +3,7 @@
 
 from setuptools import find_packages, setup
 
+
 __version__ = "0.1.0.dev0"
 
 REQUIRED = [

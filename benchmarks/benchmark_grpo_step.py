@@ -13,15 +13,16 @@ import statistics
 import tempfile
 import time
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 
 from trl import GRPOConfig, GRPOTrainer, create_reference_model  # noqa: E402
-from trl.trainer.ref_sync import mix_tensors_  # noqa: E402
 from trl.models.tiny import build_tiny_causal_lm  # noqa: E402
 from trl.tasks import accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset  # noqa: E402
+from trl.trainer.ref_sync import mix_tensors_  # noqa: E402
 
 
 class StepTimer(TrainerCallback):
@@ -40,8 +41,15 @@ class StepTimer(TrainerCallback):
 PRESETS = {
     "tiny": dict(hidden_size=64, num_layers=2),
     # The shape of Qwen2.5-0.5B: 494M parameters with its 151936-token vocabulary.
-    "0.5b": dict(hidden_size=896, num_layers=24, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
-                 vocab_size=151936, max_position_embeddings=2048),
+    "0.5b": dict(
+        hidden_size=896,
+        num_layers=24,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=2048,
+    ),
 }
 
 
@@ -67,7 +75,12 @@ def grpo_step_time(model_dir: str, steps: int, sync: bool, use_cpu: bool, dtype:
         bf16=bf16 and not use_cpu,
         model_init_kwargs={"dtype": dtype},
     )
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=[closeness_reward, accuracy_reward], args=config, train_dataset=make_arithmetic_dataset(4096))
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=[closeness_reward, accuracy_reward],
+        args=config,
+        train_dataset=make_arithmetic_dataset(4096),
+    )
     timer = StepTimer()
     trainer.add_callback(timer)
     trainer.remove_callback(PrinterCallback)
@@ -124,7 +137,9 @@ def main():
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: fp32 for tiny, bf16 for 0.5b")
+    parser.add_argument(
+        "--dtype", default=None, choices=["float32", "bfloat16"], help="default: fp32 for tiny, bf16 for 0.5b"
+    )
     parser.add_argument("--skip_step", action="store_true", help="only the sync table")
     args = parser.parse_args()
     dtype = args.dtype or ("float32" if args.preset == "tiny" else "bfloat16")
@@ -133,9 +148,11 @@ def main():
 
     model_dir = build_tiny_causal_lm(tempfile.mkdtemp(), corpus=arithmetic_corpus(), **shape)
     if not args.skip_step:
-        print(f"\nGRPO step: preset {args.preset} ({shape['hidden_size']}-wide, {shape['num_layers']} layers), {dtype}, "
-              f"64 completions/step (8 prompts × 8), max_completion_length 8, device {args.device}, torch {torch.__version__}, "
-              f"{torch.get_num_threads()} threads")
+        print(
+            f"\nGRPO step: preset {args.preset} ({shape['hidden_size']}-wide, {shape['num_layers']} layers), {dtype}, "
+            f"64 completions/step (8 prompts × 8), max_completion_length 8, device {args.device}, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads"
+        )
         print(f"| {'sync':<14} | {'s/step (median)':>15} | {'std':>8} | {'peak GPU MiB':>12} |")
         print(f"|{'-' * 16}|{'-' * 17}|{'-' * 10}|{'-' * 14}|")
         for sync in (False, True):
@@ -147,10 +164,16 @@ def main():
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(args.device)
     result = sync_times(model, repeats=50 if args.preset == "tiny" else 10)
-    print(f"\nOne reference sync (α=0.6), preset {args.preset}, {result['bytes'] / 2**20:.2f} MiB of {dtype} parameters, device {args.device}")
+    print(
+        f"\nOne reference sync (α=0.6), preset {args.preset}, {result['bytes'] / 2**20:.2f} MiB of {dtype} parameters, device {args.device}"
+    )
     print(f"| {'method':<40} | {'ms':>9} | {'× floor':>8} |")
     print(f"|{'-' * 42}|{'-' * 11}|{'-' * 10}|")
-    for name, key in (("bandwidth floor (3 × bytes / copy BW)", "floor"), ("trl sync (mix_tensors_, fp32 maths)", "sync"), ("naive per-parameter mul_/add_", "naive")):
+    for name, key in (
+        ("bandwidth floor (3 × bytes / copy BW)", "floor"),
+        ("trl sync (mix_tensors_, fp32 maths)", "sync"),
+        ("naive per-parameter mul_/add_", "naive"),
+    ):
         print(f"| {name:<40} | {result[key] * 1e3:>9.4f} | {result[key] / result['floor']:>8.2f} |")
 
 

@@ -93,7 +93,15 @@ def main(argv=None) -> None:
         env = dict(os.environ, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", OMP_NUM_THREADS="1")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", os.path.abspath(__file__), *sys.argv[1:]]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            os.path.abspath(__file__),
+            *sys.argv[1:],
+        ]
         sys.exit(subprocess.call(command, env=env))
 
     import deepspeed
@@ -106,10 +114,18 @@ def main(argv=None) -> None:
     sys.setswitchinterval(1e-4)  # let the RSS sampler in
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
-    config = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}, "train_micro_batch_size_per_gpu": 1}
+    config = {
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "train_micro_batch_size_per_gpu": 1,
+    }
     model_config = Qwen2Config(
-        vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=3 * args.hidden_size,
-        num_hidden_layers=args.num_layers, num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=True,
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        intermediate_size=3 * args.hidden_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
     )
 
     def build(seed: int):
@@ -158,15 +174,23 @@ def main(argv=None) -> None:
 
     if rank == 0:
         mib = 2**20
-        print(f"\nZeRO-3, 2 CPU processes (gloo), Qwen2 {args.num_layers} layers × hidden {args.hidden_size}, "
-              f"vocab {args.vocab_size}: {num_params / 1e6:.1f}M parameters, fp32")
-        print(f"model bytes: {model_bytes / mib:.1f} MiB; partition per rank: {partition_bytes / mib:.1f} MiB; "
-              f"largest single partition: {largest_partition / mib:.2f} MiB\n")
-        print("| sync | time of one sync (ms) | extra peak RSS per rank (MiB) | % of model bytes | torch bytes allocated per rank (MiB) | % of model bytes |")
+        print(
+            f"\nZeRO-3, 2 CPU processes (gloo), Qwen2 {args.num_layers} layers × hidden {args.hidden_size}, "
+            f"vocab {args.vocab_size}: {num_params / 1e6:.1f}M parameters, fp32"
+        )
+        print(
+            f"model bytes: {model_bytes / mib:.1f} MiB; partition per rank: {partition_bytes / mib:.1f} MiB; "
+            f"largest single partition: {largest_partition / mib:.2f} MiB\n"
+        )
+        print(
+            "| sync | time of one sync (ms) | extra peak RSS per rank (MiB) | % of model bytes | torch bytes allocated per rank (MiB) | % of model bytes |"
+        )
         print("|---|---:|---:|---:|---:|---:|")
         for name, (seconds, rss_extra, allocated) in rows.items():
-            print(f"| {name} | {seconds * 1e3:.1f} | {rss_extra / mib:.2f} | {100 * rss_extra / model_bytes:.2f}% | "
-                  f"{allocated / mib:.2f} | {100 * allocated / model_bytes:.2f}% |")
+            print(
+                f"| {name} | {seconds * 1e3:.1f} | {rss_extra / mib:.2f} | {100 * rss_extra / model_bytes:.2f}% | "
+                f"{allocated / mib:.2f} | {100 * allocated / model_bytes:.2f}% |"
+            )
     dist.barrier()
 
 

@@ -130,8 +130,8 @@ def _worker(args) -> None:
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
 
-    from trl import GRPOConfig, GRPOTrainer  # ours or upstream, whichever this interpreter has
     import trl
+    from trl import GRPOConfig, GRPOTrainer  # ours or upstream, whichever this interpreter has
 
     trl_path = os.path.dirname(os.path.abspath(trl.__file__))
     expected = os.path.join(REPO_ROOT, "trl") if args.worker == "ours" else os.path.realpath(sys.prefix)
@@ -196,13 +196,32 @@ def _worker(args) -> None:
 
 def _run_worker(python: str, impl: str, model_dir: str, steps: int, sync: bool, threads: int) -> dict:
     out = tempfile.mktemp(suffix=".json")
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     env.pop("PYTHONPATH", None)  # never let upstream's interpreter see our `trl`
     if impl == "ours":  # this checkout, even if the editable install of `trl` points at another one
         env["PYTHONPATH"] = REPO_ROOT
-    cmd = [python, HERE, "--worker", impl, "--model_dir", model_dir, "--steps", str(steps), "--sync", str(int(sync)),
-           "--threads", str(threads), "--out", out]
+    cmd = [
+        python,
+        HERE,
+        "--worker",
+        impl,
+        "--model_dir",
+        model_dir,
+        "--steps",
+        str(steps),
+        "--sync",
+        str(int(sync)),
+        "--threads",
+        str(threads),
+        "--out",
+        out,
+    ]
     # cwd outside the repository, so that upstream's interpreter cannot find our `trl` through the current directory
     proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -221,7 +240,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="steps dropped from the start of every run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--configs", default="none,every", help="comma-separated: none (no sync), every (sync each step)")
+    parser.add_argument(
+        "--configs", default="none,every", help="comma-separated: none (no sync), every (sync each step)"
+    )
     parser.add_argument("--json", default=None, help="also write every step time here")
     parser.add_argument("--worker", choices=["ours", "upstream"], help=argparse.SUPPRESS)
     parser.add_argument("--model_dir", help=argparse.SUPPRESS)
@@ -237,7 +258,9 @@ def main() -> None:
     from trl.models.tiny import build_tiny_causal_lm
     from trl.tasks import arithmetic_corpus
 
-    model_dir = build_tiny_causal_lm(tempfile.mkdtemp(prefix="tiny-qwen2-"), corpus=arithmetic_corpus(), hidden_size=64, num_layers=2)
+    model_dir = build_tiny_causal_lm(
+        tempfile.mkdtemp(prefix="tiny-qwen2-"), corpus=arithmetic_corpus(), hidden_size=64, num_layers=2
+    )
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     runs = {(impl, c): [] for impl in ("ours", "upstream") for c in configs}
     cpu_runs = {(impl, c): [] for impl in ("ours", "upstream") for c in configs}
@@ -254,24 +277,35 @@ def main() -> None:
                 runs[(impl, c)].append(kept)
                 cpu_runs[(impl, c)].append(r["cpu_times"][args.warmup :])
                 meta[impl] = r
-                print(f"repeat {rep + 1}/{args.repeats} sync={c:<5} {impl:<8} median {statistics.median(kept):.4f} s/step "
-                      f"({len(kept)} steps kept, run {time.perf_counter() - start:.0f} s)", flush=True)
+                print(
+                    f"repeat {rep + 1}/{args.repeats} sync={c:<5} {impl:<8} median {statistics.median(kept):.4f} s/step "
+                    f"({len(kept)} steps kept, run {time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
 
     load_after = os.getloadavg()
     m = meta["ours"]
-    print(f"\nGRPO step, tiny Qwen2 (64-wide, 2 layers), fp32, CPU, {m['threads']} threads, 64 completions/step "
-          f"(8 prompts × 8), max_completion_length 8, beta 0.04, loss dapo; {args.steps} steps/run, first "
-          f"{args.warmup} dropped, {args.repeats} runs/implementation/config, alternating order")
+    print(
+        f"\nGRPO step, tiny Qwen2 (64-wide, 2 layers), fp32, CPU, {m['threads']} threads, 64 completions/step "
+        f"(8 prompts × 8), max_completion_length 8, beta 0.04, loss dapo; {args.steps} steps/run, first "
+        f"{args.warmup} dropped, {args.repeats} runs/implementation/config, alternating order"
+    )
     for impl in ("ours", "upstream"):
         r = meta[impl]
-        print(f"- {impl}: trl {r['trl_version']} ({r['trl_path']}), torch {r['torch']}, transformers {r['transformers']}, "
-              f"datasets {r['datasets']}")
-    print(f"- load average (1 min) before/after: {load_before[0]:.2f} / {load_after[0]:.2f} on {os.cpu_count()} CPUs. Wall "
-          "times of small CPU ops balloon when other processes compete for the cores (thread hand-offs wait for a "
-          "descheduled thread), so on a busy machine trust 'best run' and 'CPU s/step' more than the pooled median.")
+        print(
+            f"- {impl}: trl {r['trl_version']} ({r['trl_path']}), torch {r['torch']}, transformers {r['transformers']}, "
+            f"datasets {r['datasets']}"
+        )
+    print(
+        f"- load average (1 min) before/after: {load_before[0]:.2f} / {load_after[0]:.2f} on {os.cpu_count()} CPUs. Wall "
+        "times of small CPU ops balloon when other processes compete for the cores (thread hand-offs wait for a "
+        "descheduled thread), so on a busy machine trust 'best run' and 'CPU s/step' more than the pooled median."
+    )
     print()
-    print("| implementation | version | ref sync | s/step median | std | best run median | per-run medians | CPU s/step median "
-          "| ratio ours/upstream (median, best run, CPU) |")
+    print(
+        "| implementation | version | ref sync | s/step median | std | best run median | per-run medians | CPU s/step median "
+        "| ratio ours/upstream (median, best run, CPU) |"
+    )
     print("|---|---|---|---:|---:|---:|---|---:|---:|")
     for c in configs:
         stats = {}
@@ -279,8 +313,13 @@ def main() -> None:
             pooled = [t for run in runs[(impl, c)] for t in run]
             cpu = [t for run in cpu_runs[(impl, c)] for t in run]
             medians = [statistics.median(run) for run in runs[(impl, c)]]
-            stats[impl] = dict(median=statistics.median(pooled), std=statistics.pstdev(pooled), best=min(medians),
-                               per_run=", ".join(f"{x:.4f}" for x in medians), cpu=statistics.median(cpu))
+            stats[impl] = dict(
+                median=statistics.median(pooled),
+                std=statistics.pstdev(pooled),
+                best=min(medians),
+                per_run=", ".join(f"{x:.4f}" for x in medians),
+                cpu=statistics.median(cpu),
+            )
         for impl in ("ours", "upstream"):
             s = stats[impl]
             if impl == "ours":
@@ -289,12 +328,19 @@ def main() -> None:
             else:
                 ratio = "1, 1, 1"
             label = "every step" if c == "every" else "none"
-            print(f"| {impl} | {meta[impl]['trl_version']} | {label} | {s['median']:.4f} | {s['std']:.4f} | {s['best']:.4f} "
-                  f"| {s['per_run']} | {s['cpu']:.4f} | {ratio} |")
+            print(
+                f"| {impl} | {meta[impl]['trl_version']} | {label} | {s['median']:.4f} | {s['std']:.4f} | {s['best']:.4f} "
+                f"| {s['per_run']} | {s['cpu']:.4f} | {ratio} |"
+            )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"wall": {f"{impl}/{c}": v for (impl, c), v in runs.items()},
-                       "cpu": {f"{impl}/{c}": v for (impl, c), v in cpu_runs.items()}}, f)
+            json.dump(
+                {
+                    "wall": {f"{impl}/{c}": v for (impl, c), v in runs.items()},
+                    "cpu": {f"{impl}/{c}": v for (impl, c), v in cpu_runs.items()},
+                },
+                f,
+            )
 
 
 if __name__ == "__main__":

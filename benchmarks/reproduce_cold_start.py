@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -141,9 +142,7 @@ def summarise(runs: list[dict], args) -> tuple[dict, str]:
     summary = {}
     for arm in args.arms:
         arm_runs = [r for r in runs if r["arm"] == arm]
-        summary[arm] = {
-            key: mean_std([tail_mean(r[key], args.final_fraction) for r in arm_runs]) for key in CURVES
-        }
+        summary[arm] = {key: mean_std([tail_mean(r[key], args.final_fraction) for r in arm_runs]) for key in CURVES}
     pct = round(100 * args.final_fraction)
     lines = [
         f"| arm (β={args.beta}, {args.max_steps} steps, {len(args.seeds)} seeds) | final reward | final accuracy | final KL |",
@@ -158,9 +157,11 @@ def summarise(runs: list[dict], args) -> tuple[dict, str]:
         )
     lines.append("")
     best_reward, best_answer = best_constant_answer()
-    lines.append(f"Mean ± std over seeds {args.seeds} of each run's mean over its last {pct}% of steps. "
-                 "Reward = closeness_reward + accuracy_reward (max 2); always answering "
-                 f'"{best_answer}" scores {best_reward:.3f} (accuracy 0.100).')
+    lines.append(
+        f"Mean ± std over seeds {args.seeds} of each run's mean over its last {pct}% of steps. "
+        "Reward = closeness_reward + accuracy_reward (max 2); always answering "
+        f'"{best_answer}" scores {best_reward:.3f} (accuracy 0.100).'
+    )
     return summary, "\n".join(lines)
 
 
@@ -186,8 +187,13 @@ def plot(runs: list[dict], args, path: str) -> None:
             ax.plot(x, mean, color=color, label=arm_label(arm, args))
             ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2)
     best_reward, best_answer = best_constant_answer()
-    ax_reward.axhline(best_reward, color="black", linestyle=":", linewidth=0.8,
-                      label=f'always answering "{best_answer}" ({best_reward:.2f})')
+    ax_reward.axhline(
+        best_reward,
+        color="black",
+        linestyle=":",
+        linewidth=0.8,
+        label=f'always answering "{best_answer}" ({best_reward:.2f})',
+    )
     ax_reward.set_ylabel("reward (closeness + accuracy)")
     ax_kl.set_ylabel("KL(policy ‖ reference), k3")
     ax_kl.set_xlabel("optimizer step")

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
@@ -67,7 +68,9 @@ def plot(history: list[dict], sync_steps: list[int], path: str) -> None:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     os.makedirs(args.output_dir, exist_ok=True)
-    model_dir = build_tiny_causal_lm(os.path.join(args.output_dir, "model"), corpus=arithmetic_corpus(), seed=args.seed)
+    model_dir = build_tiny_causal_lm(
+        os.path.join(args.output_dir, "model"), corpus=arithmetic_corpus(), seed=args.seed
+    )
     dataset = make_arithmetic_dataset(1000, seed=args.seed)
     dataset.to_json(os.path.join(args.output_dir, "prompts.jsonl"))
 
@@ -88,7 +91,9 @@ def main(argv=None) -> dict:
         use_cpu=True,
         seed=args.seed,
     )
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=[closeness_reward, accuracy_reward], args=config, train_dataset=dataset)
+    trainer = GRPOTrainer(
+        model=model_dir, reward_funcs=[closeness_reward, accuracy_reward], args=config, train_dataset=dataset
+    )
     start = time.time()
     trainer.train()
     elapsed = time.time() - start

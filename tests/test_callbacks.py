@@ -28,8 +28,16 @@ class Scalar(nn.Module):
 
 
 def run_schedule(tmp_path, strategy, steps, epoch_end_at=()):
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8,
-                      sync_ref_model=True, ref_model_sync_steps=3, ref_model_mixup_alpha=1.0, ref_model_sync_strategy=strategy)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        per_device_train_batch_size=8,
+        sync_ref_model=True,
+        ref_model_sync_steps=3,
+        ref_model_mixup_alpha=1.0,
+        ref_model_sync_strategy=strategy,
+    )
     policy, reference = Scalar(0.0), Scalar(-1.0)
     callback = SyncRefModelCallback(reference)
     state, control = TrainerState(), TrainerControl()
@@ -61,8 +69,14 @@ def test_epoch_strategy_syncs_only_at_epoch_end(tmp_path):
 
 
 def _args(tmp_path, strategy):
-    return GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8,
-                      sync_ref_model=True, ref_model_sync_strategy=strategy)
+    return GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        per_device_train_batch_size=8,
+        sync_ref_model=True,
+        ref_model_sync_strategy=strategy,
+    )
 
 
 def _state(step):
@@ -72,8 +86,15 @@ def _state(step):
 
 
 def test_soft_sync_uses_mixup_alpha(tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8,
-                      sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.25)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        per_device_train_batch_size=8,
+        sync_ref_model=True,
+        ref_model_sync_steps=1,
+        ref_model_mixup_alpha=0.25,
+    )
     reference = Scalar(0.0)
     callback = SyncRefModelCallback(reference)
     callback.on_step_end(args, _state(1), TrainerControl(), model=Scalar(4.0))
@@ -103,18 +124,38 @@ def first_token_reward(completion_ids, **kwargs):
 
 def make_trainer(tiny_lm_path, dataset, grpo_kwargs, callbacks=None, **overrides):
     args = GRPOConfig(**{**grpo_kwargs, **overrides})
-    return GRPOTrainer(tiny_lm_path, [first_token_reward, closeness_reward], args=args, train_dataset=dataset, callbacks=callbacks)
+    return GRPOTrainer(
+        tiny_lm_path, [first_token_reward, closeness_reward], args=args, train_dataset=dataset, callbacks=callbacks
+    )
 
 
 @pytest.fixture(scope="module")
 def hard_sync_run(tiny_lm_path, _arithmetic_dataset, tmp_path_factory):
-    kwargs = dict(output_dir=str(tmp_path_factory.mktemp("sync")), use_cpu=True, report_to="none", save_strategy="no",
-                  logging_steps=1, disable_tqdm=True, per_device_train_batch_size=4, num_generations=4,
-                  max_completion_length=4, max_prompt_length=16, gradient_accumulation_steps=2, learning_rate=1e-2,
-                  seed=0)
+    kwargs = dict(
+        output_dir=str(tmp_path_factory.mktemp("sync")),
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_prompt_length=16,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        seed=0,
+    )
     torch.manual_seed(0)
-    trainer = make_trainer(tiny_lm_path, _arithmetic_dataset, kwargs, max_steps=4, sync_ref_model=True,
-                           ref_model_sync_steps=2, ref_model_mixup_alpha=1.0)
+    trainer = make_trainer(
+        tiny_lm_path,
+        _arithmetic_dataset,
+        kwargs,
+        max_steps=4,
+        sync_ref_model=True,
+        ref_model_sync_steps=2,
+        ref_model_mixup_alpha=1.0,
+    )
     recorder = Recorder(trainer)
     trainer.add_callback(recorder)
     initial = (snapshot(trainer.model), snapshot(trainer.ref_model))
@@ -158,7 +199,9 @@ def test_num_syncs_logged_per_step(hard_sync_run):
     trainer, _, _ = hard_sync_run
     logged = {entry["step"]: entry["ref_model/num_syncs"] for entry in trainer.state.log_history if "loss" in entry}
     assert logged == {1: 0, 2: 1, 3: 1, 4: 2}
-    since = {entry["step"]: entry["ref_model/steps_since_sync"] for entry in trainer.state.log_history if "loss" in entry}
+    since = {
+        entry["step"]: entry["ref_model/steps_since_sync"] for entry in trainer.state.log_history if "loss" in entry
+    }
     assert since == {1: 1, 2: 0, 3: 1, 4: 0}
 
 

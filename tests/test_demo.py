@@ -12,7 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_demo():
-    spec = importlib.util.spec_from_file_location("iterative_grpo_demo", os.path.join(ROOT, "examples", "iterative_grpo_demo.py"))
+    spec = importlib.util.spec_from_file_location(
+        "iterative_grpo_demo", os.path.join(ROOT, "examples", "iterative_grpo_demo.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

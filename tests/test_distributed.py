@@ -25,8 +25,14 @@ NOT_SAME_PARTITIONING = "partitioned the same way"
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", DS_BUILD_OPS="0",
-               DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        DS_BUILD_OPS="0",
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+    )
     return env
 
 
@@ -38,8 +44,21 @@ def _free_port() -> int:
 
 def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150) -> list[dict]:
     """Run the worker on 2 processes; return each rank's JSON (rank 0 first)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), WORKER, mode, model_dir, str(out_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        WORKER,
+        mode,
+        model_dir,
+        str(out_dir),
+    ]
     proc = subprocess.run(command, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{mode} workers failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return [json.loads((out_dir / f"{mode}_rank{rank}.json").read_text()) for rank in range(2)]

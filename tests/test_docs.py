@@ -67,9 +67,7 @@ def test_docs_have_targets_and_snippets():
     assert sum(len(python_blocks(p)) for p in SNIPPET_FILES) >= 5
 
 
-@pytest.mark.parametrize(
-    "doc,target,members", [pytest.param(*t, id=f"{t[0]}:{t[1]}") for t in autodoc_targets()]
-)
+@pytest.mark.parametrize("doc,target,members", [pytest.param(*t, id=f"{t[0]}:{t[1]}") for t in autodoc_targets()])
 def test_autodoc_target_resolves(doc, target, members):
     try:
         obj = resolve(target)

@@ -64,8 +64,15 @@ def test_scale_rewards_mapping(base, value, expected):
 
 
 def test_valid_edge_values(base):
-    args = GRPOConfig(**base, ref_model_mixup_alpha=1.0, ref_model_sync_steps=1, sync_ref_model=True, num_generations=2,
-                      per_device_train_batch_size=2, ref_model_sync_strategy="epoch")
+    args = GRPOConfig(
+        **base,
+        ref_model_mixup_alpha=1.0,
+        ref_model_sync_steps=1,
+        sync_ref_model=True,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        ref_model_sync_strategy="epoch",
+    )
     assert (args.ref_model_mixup_alpha, args.ref_model_sync_steps, args.ref_model_sync_strategy) == (1.0, 1, "epoch")
 
 
@@ -87,7 +94,10 @@ INVALID = [
     (dict(loss_type="ppo"), "loss_type must be one of grpo, bnpo, dr_grpo, dapo (got 'ppo')."),
     (dict(scale_rewards="global"), "scale_rewards must be one of group, batch, none (got 'global')."),
     (dict(ref_model_sync_strategy="never"), "ref_model_sync_strategy must be one of steps, epoch (got 'never')."),
-    (dict(steps_per_generation=2, generation_batch_size=16), "Set steps_per_generation or generation_batch_size, not both."),
+    (
+        dict(steps_per_generation=2, generation_batch_size=16),
+        "Set steps_per_generation or generation_batch_size, not both.",
+    ),
     (
         dict(per_device_train_batch_size=4, num_generations=2, generation_batch_size=10),
         "generation_batch_size (10) must be a multiple of per_device_train_batch_size × num_processes (4).",
@@ -99,7 +109,9 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize("overrides, message", INVALID, ids=[next(iter(o)) + "=" + str(next(iter(o.values()))) for o, _ in INVALID])
+@pytest.mark.parametrize(
+    "overrides, message", INVALID, ids=[next(iter(o)) + "=" + str(next(iter(o.values()))) for o, _ in INVALID]
+)
 def test_invalid_values_raise(base, overrides, message):
     kwargs = {**base, "per_device_train_batch_size": 8, **overrides}
     with pytest.raises(ValueError, match=re.escape(message)) as info:

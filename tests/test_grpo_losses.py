@@ -218,12 +218,16 @@ def test_clipped_surrogate_by_hand():
     assert torch.equal(low.squeeze(1), torch.tensor([False, False, False, True, False, False]))
     loss.sum().backward()
     # d(−ρA)/d log π = −ρA where not clipped; 0 where the clipped branch is active.
-    torch.testing.assert_close(logp.grad.squeeze(1), torch.tensor([0.0, 1.5, -0.5, 0.0, -2.2, 2.2]), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        logp.grad.squeeze(1), torch.tensor([0.0, 1.5, -0.5, 0.0, -2.2, 2.2]), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_clipped_surrogate_asymmetric_clip_higher():
     logp = torch.log(torch.tensor([[1.25, 1.3]]))
-    loss, low, high = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([1.0]), epsilon_low=0.2, epsilon_high=0.28)
+    loss, low, high = clipped_surrogate(
+        logp, torch.zeros(1, 2), torch.tensor([1.0]), epsilon_low=0.2, epsilon_high=0.28
+    )
     torch.testing.assert_close(loss, torch.tensor([[-1.25, -1.28]]), rtol=1e-6, atol=0)
     assert torch.equal(high, torch.tensor([[False, True]]))
     assert not low.any()
@@ -261,7 +265,9 @@ def test_aggregate_loss_dr_grpo():
 def test_aggregate_loss_dapo():
     # Masked sum 21 over 10 tokens of the whole generation batch.
     assert aggregate_loss(PER_TOKEN, MASK, "dapo", num_items_in_batch=10).item() == pytest.approx(2.1, rel=1e-7)
-    torch.testing.assert_close(aggregate_loss(PER_TOKEN, MASK, "dapo", num_items_in_batch=torch.tensor(10.0)), torch.tensor(2.1))
+    torch.testing.assert_close(
+        aggregate_loss(PER_TOKEN, MASK, "dapo", num_items_in_batch=torch.tensor(10.0)), torch.tensor(2.1)
+    )
 
 
 def test_aggregate_loss_empty_mask_is_zero():
@@ -288,7 +294,10 @@ def test_gradient_accumulation_equivalence(loss_type):
     kwargs = dict(max_completion_length=6)
     whole = aggregate_loss(per_token, mask, loss_type, num_items_in_batch=total_tokens, **kwargs)
     # The trainer passes num_items = total tokens / (processes × micro-batches) to each micro-batch.
-    micro = [aggregate_loss(per_token[i : i + 2], mask[i : i + 2], loss_type, num_items_in_batch=total_tokens / 2, **kwargs) for i in (0, 2)]
+    micro = [
+        aggregate_loss(per_token[i : i + 2], mask[i : i + 2], loss_type, num_items_in_batch=total_tokens / 2, **kwargs)
+        for i in (0, 2)
+    ]
     torch.testing.assert_close(micro[0] / 2 + micro[1] / 2, whole, rtol=1e-12, atol=0)
 
 
@@ -297,7 +306,9 @@ def test_bnpo_is_not_accumulation_invariant():
     per_token = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     whole = aggregate_loss(per_token, mask, "bnpo")  # 6/4 = 1.5
-    split = aggregate_loss(per_token[:1], mask[:1], "bnpo") / 2 + aggregate_loss(per_token[1:], mask[1:], "bnpo") / 2  # (1+3)/2
+    split = (
+        aggregate_loss(per_token[:1], mask[:1], "bnpo") / 2 + aggregate_loss(per_token[1:], mask[1:], "bnpo") / 2
+    )  # (1+3)/2
     assert whole.item() == 1.5 and split.item() == 2.0
 
 

@@ -40,22 +40,53 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def soft_sync_run(tiny_lm_path, _arithmetic_dataset, tmp_path_factory):
-    args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("soft")), use_cpu=True, report_to="none",
-                      save_strategy="no", logging_steps=1, disable_tqdm=True, per_device_train_batch_size=4,
-                      num_generations=4, max_completion_length=4, max_prompt_length=16, gradient_accumulation_steps=2,
-                      learning_rate=1e-2, seed=0, max_steps=4, sync_ref_model=True, ref_model_sync_steps=2,
-                      ref_model_mixup_alpha=0.5, reward_weights=[1.0, 0.5])
-    trainer = GRPOTrainer(tiny_lm_path, [first_token_reward, closeness_reward], args=args, train_dataset=_arithmetic_dataset)
+    args = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("soft")),
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_prompt_length=16,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        seed=0,
+        max_steps=4,
+        sync_ref_model=True,
+        ref_model_sync_steps=2,
+        ref_model_mixup_alpha=0.5,
+        reward_weights=[1.0, 0.5],
+    )
+    trainer = GRPOTrainer(
+        tiny_lm_path, [first_token_reward, closeness_reward], args=args, train_dataset=_arithmetic_dataset
+    )
     trainer.train()
     return trainer
 
 
 EXPECTED_METRICS = [
-    "reward", "reward_std", "rewards/first_token_reward/mean", "rewards/first_token_reward/std",
-    "rewards/closeness_reward/mean", "rewards/closeness_reward/std", "kl", "clip_ratio/low_mean",
-    "clip_ratio/high_mean", "clip_ratio/region_mean", "completions/mean_length", "completions/min_length",
-    "completions/max_length", "completions/clipped_ratio", "frac_reward_zero_std", "ref_model/num_syncs",
-    "num_tokens", "loss", "grad_norm",
+    "reward",
+    "reward_std",
+    "rewards/first_token_reward/mean",
+    "rewards/first_token_reward/std",
+    "rewards/closeness_reward/mean",
+    "rewards/closeness_reward/std",
+    "kl",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "frac_reward_zero_std",
+    "ref_model/num_syncs",
+    "num_tokens",
+    "loss",
+    "grad_norm",
 ]
 
 
@@ -66,7 +97,13 @@ def test_logged_metrics(soft_sync_run):
         missing = [key for key in EXPECTED_METRICS if key not in entry]
         assert not missing, (entry["step"], missing)
         assert entry["ref_model/num_syncs"] == entry["step"] // 2
-        assert 1 <= entry["completions/min_length"] <= entry["completions/mean_length"] <= entry["completions/max_length"] <= 4
+        assert (
+            1
+            <= entry["completions/min_length"]
+            <= entry["completions/mean_length"]
+            <= entry["completions/max_length"]
+            <= 4
+        )
         assert 0.0 <= entry["completions/clipped_ratio"] <= 1.0
         assert 0.0 <= entry["frac_reward_zero_std"] <= 1.0
         # One generation per optimizer step, all rewards valid: reward = Σ w_f · mean_f.
@@ -101,7 +138,9 @@ def test_on_policy_batches_carry_no_old_logps(soft_sync_run):
 
 
 def test_beta_zero_loads_no_reference_and_logs_no_kl(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs, beta=0.0), train_dataset=arithmetic_dataset)
+    trainer = GRPOTrainer(
+        tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs, beta=0.0), train_dataset=arithmetic_dataset
+    )
     assert trainer.ref_model is None and trainer.sync_callback is None
     trainer.train()
     assert "kl" not in trainer.state.log_history[0]
@@ -118,12 +157,26 @@ def test_peft_sync_mixes_a_frozen_reference_adapter(tiny_lm_path, arithmetic_dat
     from peft import LoraConfig
 
     peft_config = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    args = GRPOConfig(**{**grpo_kwargs, "max_steps": 3, "sync_ref_model": True, "ref_model_sync_steps": 2, "ref_model_mixup_alpha": 1.0})
-    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset, peft_config=peft_config)
+    args = GRPOConfig(
+        **{
+            **grpo_kwargs,
+            "max_steps": 3,
+            "sync_ref_model": True,
+            "ref_model_sync_steps": 2,
+            "ref_model_mixup_alpha": 1.0,
+        }
+    )
+    trainer = GRPOTrainer(
+        tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset, peft_config=peft_config
+    )
     assert trainer.ref_model is None and trainer.ref_adapter == "ref"
 
     def adapter(name):
-        return {k.replace(f".{name}.", ".<a>."): p.detach().clone() for k, p in trainer.model.named_parameters() if name in k.split(".")}
+        return {
+            k.replace(f".{name}.", ".<a>."): p.detach().clone()
+            for k, p in trainer.model.named_parameters()
+            if name in k.split(".")
+        }
 
     policy0, ref0 = adapter("default"), adapter("ref")
     assert policy0.keys() == ref0.keys() and len(ref0) == 8  # 2 layers × (q, v) × (A, B)
@@ -154,8 +207,12 @@ def test_peft_sync_mixes_a_frozen_reference_adapter(tiny_lm_path, arithmetic_dat
 
 def test_reward_weights_length_mismatch_raises(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     with pytest.raises(ValueError, match="reward_weights has 3 entries but there are 2 reward functions"):
-        GRPOTrainer(tiny_lm_path, [first_token_reward, closeness_reward], args=GRPOConfig(**grpo_kwargs, reward_weights=[1.0, 1.0, 1.0]),
-                    train_dataset=arithmetic_dataset)
+        GRPOTrainer(
+            tiny_lm_path,
+            [first_token_reward, closeness_reward],
+            args=GRPOConfig(**grpo_kwargs, reward_weights=[1.0, 1.0, 1.0]),
+            train_dataset=arithmetic_dataset,
+        )
 
 
 def test_dataset_without_prompt_column_raises(tiny_lm_path, grpo_kwargs):
@@ -169,7 +226,10 @@ def test_dataset_without_prompt_column_raises(tiny_lm_path, grpo_kwargs):
 
 def test_reward_function_receives_aligned_columns(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     dataset = arithmetic_dataset.add_column("idx", list(range(len(arithmetic_dataset))))
-    reward = Recording("idx_reward", lambda completion_ids, idx, **kw: [float(i) + (ids[0] % 3) for i, ids in zip(idx, completion_ids)])
+    reward = Recording(
+        "idx_reward",
+        lambda completion_ids, idx, **kw: [float(i) + (ids[0] % 3) for i, ids in zip(idx, completion_ids)],
+    )
     trainer = GRPOTrainer(tiny_lm_path, reward, args=GRPOConfig(**grpo_kwargs), train_dataset=dataset)
     trainer.train()
     assert len(reward.calls) == 1  # one generation batch per optimizer step (steps_per_generation = 2 = grad. acc.)
@@ -201,7 +261,12 @@ def test_reward_function_wrong_length_raises_with_its_name(tiny_lm_path, arithme
     def short_reward(completions, **kwargs):
         return [0.0] * (len(completions) - 1)
 
-    trainer = GRPOTrainer(tiny_lm_path, [first_token_reward, short_reward], args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    trainer = GRPOTrainer(
+        tiny_lm_path,
+        [first_token_reward, short_reward],
+        args=GRPOConfig(**grpo_kwargs),
+        train_dataset=arithmetic_dataset,
+    )
     with pytest.raises(ValueError, match="Reward function 'short_reward' returned 7 rewards for 8 completions"):
         trainer.train()
 
@@ -226,7 +291,9 @@ def test_none_rewards_are_left_out_of_the_group(tiny_lm_path, arithmetic_dataset
             else:
                 assert advantages[4 * g + i] == pytest.approx((v - mean) / (std + 1e-4), rel=1e-5, abs=1e-6)
     log = last_log_with(trainer, "rewards/sometimes_none/mean")
-    assert log["rewards/sometimes_none/mean"] == pytest.approx(statistics.fmean([v for v in values if v is not None]), rel=1e-6)
+    assert log["rewards/sometimes_none/mean"] == pytest.approx(
+        statistics.fmean([v for v in values if v is not None]), rel=1e-6
+    )
 
 
 def test_conversational_prompts_and_completions_are_messages(tiny_lm_path, grpo_kwargs):
@@ -254,7 +321,9 @@ def test_conversational_prompts_and_completions_are_messages(tiny_lm_path, grpo_
 
 def test_reward_model_given_as_a_path(tiny_lm_path, tiny_rm_path, arithmetic_dataset, grpo_kwargs):
     recorder = Recording("recorder", lambda completions, **kw: [0.0] * len(completions))
-    trainer = GRPOTrainer(tiny_lm_path, [tiny_rm_path, recorder], args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    trainer = GRPOTrainer(
+        tiny_lm_path, [tiny_rm_path, recorder], args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset
+    )
     assert trainer.reward_func_names == ["tiny-rm", "recorder"]
     trainer.train()
     log = last_log_with(trainer, "rewards/tiny-rm/mean")
@@ -264,7 +333,9 @@ def test_reward_model_given_as_a_path(tiny_lm_path, tiny_rm_path, arithmetic_dat
     rm = AutoModelForSequenceClassification.from_pretrained(tiny_rm_path).eval()
     rm_tokenizer = AutoTokenizer.from_pretrained(tiny_rm_path)
     texts = [p + c for p, c in zip(call["prompts"], call["completions"])]
-    encoded = rm_tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    encoded = rm_tokenizer(
+        text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+    )
     with torch.no_grad():
         scores = rm(**encoded).logits[:, 0]
     assert log["rewards/tiny-rm/mean"] == pytest.approx(scores.mean().item(), abs=1e-5)
@@ -275,7 +346,9 @@ def test_reward_model_given_as_a_path(tiny_lm_path, tiny_rm_path, arithmetic_dat
 
 
 def test_per_token_logps_do_not_depend_on_left_padding(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    trainer = GRPOTrainer(
+        tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset
+    )
     tokenizer, pad = trainer.processing_class, trainer.processing_class.pad_token_id
     prompts = ["3+4=", "The quick brown fox jumps over 12+5="]
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -285,13 +358,17 @@ def test_per_token_logps_do_not_depend_on_left_padding(tiny_lm_path, arithmetic_
     def batch(extra):
         width = max(len(p) for p in prompt_ids) + extra
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
-        mask = (torch.arange(width).unsqueeze(0) >= (width - torch.tensor([len(p) for p in prompt_ids])).unsqueeze(1)).long()
+        mask = (
+            torch.arange(width).unsqueeze(0) >= (width - torch.tensor([len(p) for p in prompt_ids])).unsqueeze(1)
+        ).long()
         return torch.cat([ids, completion], 1), torch.cat([mask, torch.ones_like(completion)], 1)
 
     with torch.no_grad():
         base = trainer._get_per_token_logps(trainer.model, *batch(0), logits_to_keep=5)
         padded = trainer._get_per_token_logps(trainer.model, *batch(3), logits_to_keep=5)
-        alone = trainer._get_per_token_logps(trainer.model, *(t[:1, -(len(prompt_ids[0]) + 5):] for t in batch(0)), logits_to_keep=5)
+        alone = trainer._get_per_token_logps(
+            trainer.model, *(t[:1, -(len(prompt_ids[0]) + 5) :] for t in batch(0)), logits_to_keep=5
+        )
         one_by_one = trainer._get_per_token_logps(trainer.model, *batch(3), logits_to_keep=5, batch_size=1)
     assert base.shape == (2, 5) and torch.isfinite(base).all() and (base < 0).all()
     assert (base - padded).abs().max().item() < 1e-5
@@ -319,7 +396,9 @@ def test_num_iterations_two_uses_old_logps(tiny_lm_path, arithmetic_dataset, grp
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
         mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
         with torch.no_grad():
-            return trainer._get_per_token_logps(trainer.model, ids, mask, inputs["completion_ids"].size(1), args.per_device_train_batch_size)
+            return trainer._get_per_token_logps(
+                trainer.model, ids, mask, inputs["completion_ids"].size(1), args.per_device_train_batch_size
+            )
 
     def recording_generate(inputs):
         output = generate(inputs)
@@ -386,7 +465,13 @@ def test_each_generation_batch_gets_its_own_sampling_noise(tiny_lm_path, grpo_kw
 
     same_prompt = Dataset.from_dict({"prompt": ["1+1="] * 64})
     args = GRPOConfig(**{**grpo_kwargs, "gradient_accumulation_steps": 1, "max_steps": 3, "learning_rate": 1e-12})
-    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=same_prompt, eval_dataset=same_prompt.select(range(8)))
+    trainer = GRPOTrainer(
+        tiny_lm_path,
+        first_token_reward,
+        args=args,
+        train_dataset=same_prompt,
+        eval_dataset=same_prompt.select(range(8)),
+    )
     batches = _recording_generation(trainer)
     trainer.train()
     trainer.evaluate()
@@ -402,8 +487,13 @@ def test_each_generation_batch_gets_its_own_sampling_noise(tiny_lm_path, grpo_kw
 
 def test_evaluate_reports_eval_metrics(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     args = GRPOConfig(**{**grpo_kwargs, "per_device_eval_batch_size": 8})
-    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset,
-                          eval_dataset=arithmetic_dataset.select(range(4)))
+    trainer = GRPOTrainer(
+        tiny_lm_path,
+        first_token_reward,
+        args=args,
+        train_dataset=arithmetic_dataset,
+        eval_dataset=arithmetic_dataset.select(range(4)),
+    )
     assert torch.isfinite(torch.tensor(trainer.evaluate()["eval_loss"]))
     logged = trainer.state.log_history[-1]  # as in TRL, the GRPO metrics go to the logs
     assert logged["eval_kl"] == 0.0  # policy == reference before any training
@@ -413,12 +503,26 @@ def test_evaluate_reports_eval_metrics(tiny_lm_path, arithmetic_dataset, grpo_kw
 
 def test_eval_batch_not_divisible_by_num_generations_raises(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     args = GRPOConfig(**{**grpo_kwargs, "per_device_eval_batch_size": 6})
-    with pytest.raises(ValueError, match=r"global eval batch \(6 × 1 processes\) must be divisible by num_generations \(4\)"):
-        GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset, eval_dataset=arithmetic_dataset)
+    with pytest.raises(
+        ValueError, match=r"global eval batch \(6 × 1 processes\) must be divisible by num_generations \(4\)"
+    ):
+        GRPOTrainer(
+            tiny_lm_path,
+            first_token_reward,
+            args=args,
+            train_dataset=arithmetic_dataset,
+            eval_dataset=arithmetic_dataset,
+        )
 
 
 def test_generation_kwargs_override_the_named_fields(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    args = GRPOConfig(**{**grpo_kwargs, "temperature": 1.0, "generation_kwargs": {"max_new_tokens": 2, "top_p": 0.9, "temperature": 0.7}})
+    args = GRPOConfig(
+        **{
+            **grpo_kwargs,
+            "temperature": 1.0,
+            "generation_kwargs": {"max_new_tokens": 2, "top_p": 0.9, "temperature": 0.7},
+        }
+    )
     trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
     config = trainer.generation_config
     assert (config.max_new_tokens, config.top_p, config.temperature) == (2, 0.9, 0.7)
@@ -446,11 +550,22 @@ def test_mask_truncated_completions_leaves_only_terminated_ones(tiny_lm_path, ar
 
 
 def test_clip_ratio_is_logged_when_the_policy_moves_off_the_data(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    args = GRPOConfig(**{**grpo_kwargs, "max_steps": 2, "num_iterations": 2, "gradient_accumulation_steps": 1,
-                         "steps_per_generation": 1, "learning_rate": 5e-2, "logging_steps": 1})
+    args = GRPOConfig(
+        **{
+            **grpo_kwargs,
+            "max_steps": 2,
+            "num_iterations": 2,
+            "gradient_accumulation_steps": 1,
+            "steps_per_generation": 1,
+            "learning_rate": 5e-2,
+            "logging_steps": 1,
+        }
+    )
     trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "clip_ratio/region_mean" in h]
     assert logs[0]["clip_ratio/region_mean"] == 0.0  # first pass: on-policy, ratio = 1
     assert logs[1]["clip_ratio/region_mean"] > 0.0  # second pass over the same batch: the ratio left [0.8, 1.2]
-    assert logs[1]["clip_ratio/region_mean"] == pytest.approx(logs[1]["clip_ratio/low_mean"] + logs[1]["clip_ratio/high_mean"])
+    assert logs[1]["clip_ratio/region_mean"] == pytest.approx(
+        logs[1]["clip_ratio/low_mean"] + logs[1]["clip_ratio/high_mean"]
+    )

@@ -10,9 +10,9 @@ from transformers import TrainerCallback, set_seed
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.tiny import build_tiny_causal_lm
+from trl.tasks import arithmetic_corpus, make_arithmetic_dataset
 from trl.trainer.grpo_trainer import REF_ADAPTER_FILE, REF_MODEL_FILE, REF_SYNC_STATE_FILE
 from trl.trainer.ref_sync import REFERENCE_ADAPTER
-from trl.tasks import arithmetic_corpus, make_arithmetic_dataset
 
 
 peft = pytest.importorskip("peft")
@@ -24,7 +24,9 @@ def model_dir(tmp_path_factory):
 
 
 def lora_config():
-    return peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    return peft.LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+    )
 
 
 def length_reward(completions, **kwargs):
@@ -35,13 +37,31 @@ def length_reward(completions, **kwargs):
 def make_trainer(model, output_dir, dataset=None, peft_config=None, **overrides):
     set_seed(0)  # same LoRA init and data order in every run
     kwargs = dict(
-        output_dir=str(output_dir), per_device_train_batch_size=8, num_generations=4, max_completion_length=4,
-        learning_rate=1e-2, beta=0.1, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=1.0,
-        max_steps=4, logging_steps=1, report_to="none", use_cpu=True, disable_tqdm=True, save_strategy="no", seed=0,
+        output_dir=str(output_dir),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=4,
+        learning_rate=1e-2,
+        beta=0.1,
+        sync_ref_model=True,
+        ref_model_sync_steps=2,
+        ref_model_mixup_alpha=1.0,
+        max_steps=4,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        seed=0,
     )
     kwargs.update(overrides)
-    return GRPOTrainer(model=model, reward_funcs=length_reward, args=GRPOConfig(**kwargs),
-                       train_dataset=dataset if dataset is not None else make_arithmetic_dataset(64), peft_config=peft_config)
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=length_reward,
+        args=GRPOConfig(**kwargs),
+        train_dataset=dataset if dataset is not None else make_arithmetic_dataset(64),
+        peft_config=peft_config,
+    )
 
 
 class Snapshots(TrainerCallback):
@@ -55,7 +75,8 @@ class Snapshots(TrainerCallback):
         policy = self.trainer.accelerator.unwrap_model(self.trainer.model)
         self.policy_adapter[state.global_step] = {
             k.replace(".default.", f".{REFERENCE_ADAPTER}."): p.detach().clone()
-            for k, p in policy.named_parameters() if ".default." in k
+            for k, p in policy.named_parameters()
+            if ".default." in k
         }
 
 
@@ -146,7 +167,9 @@ def test_resume_restores_synced_reference_exactly(model_dir, tmp_path, use_lora)
     run_a.add_callback(snaps)
     run_a.train()
 
-    run_b = make_trainer(model_dir, tmp_path / "b", peft_config=peft_config, save_strategy="steps", save_steps=3, **common)
+    run_b = make_trainer(
+        model_dir, tmp_path / "b", peft_config=peft_config, save_strategy="steps", save_steps=3, **common
+    )
     run_b.add_callback(_interrupt_at(3))
     run_b.train()
     checkpoint = tmp_path / "b" / "checkpoint-3"
@@ -182,8 +205,15 @@ def test_resume_without_reference_state_warns(model_dir, tmp_path, caplog):
 
 def test_epoch_strategy_syncs_at_each_epoch_end(model_dir, tmp_path):
     dataset = make_arithmetic_dataset(16)  # 16 prompts, 2 per step -> 8 optimizer steps per epoch
-    trainer = make_trainer(model_dir, tmp_path, dataset=dataset, ref_model_sync_strategy="epoch",
-                           ref_model_sync_steps=1, max_steps=-1, num_train_epochs=2)
+    trainer = make_trainer(
+        model_dir,
+        tmp_path,
+        dataset=dataset,
+        ref_model_sync_strategy="epoch",
+        ref_model_sync_steps=1,
+        max_steps=-1,
+        num_train_epochs=2,
+    )
     sync_steps = []
     original = trainer.sync_callback.sync
 
@@ -202,7 +232,9 @@ def test_resume_inside_a_generation_batch_is_exact(model_dir, tmp_path):
     num_iterations=2): the rest of that batch is saved and the resumed run equals the uninterrupted one."""
     from trl.trainer.grpo_trainer import GENERATION_BUFFER_FILE
 
-    common = dict(ref_model_mixup_alpha=0.5, max_steps=4, gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=2)
+    common = dict(
+        ref_model_mixup_alpha=0.5, max_steps=4, gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=2
+    )
     run_a = make_trainer(model_dir, tmp_path / "a", **common)
     run_a.train()
 

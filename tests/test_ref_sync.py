@@ -115,8 +115,14 @@ def test_pairs_align_by_name():
     policy, reference = WithBuffers(1), WithBuffers(2)
     pol, ref = pair_for_sync(policy, reference).local_parts()
     assert len(pol) == len(ref) == 3  # weight, bias, running_mean (not the integer buffer)
-    assert all(p.data_ptr() == q.data_ptr() for p, q in zip(pol, [policy.linear.weight, policy.linear.bias, policy.running_mean]))
-    assert all(p.data_ptr() == q.data_ptr() for p, q in zip(ref, [reference.linear.weight, reference.linear.bias, reference.running_mean]))
+    assert all(
+        p.data_ptr() == q.data_ptr()
+        for p, q in zip(pol, [policy.linear.weight, policy.linear.bias, policy.running_mean])
+    )
+    assert all(
+        p.data_ptr() == q.data_ptr()
+        for p, q in zip(ref, [reference.linear.weight, reference.linear.bias, reference.running_mean])
+    )
 
 
 def test_mismatched_models_raise(tokenizer):
@@ -126,7 +132,9 @@ def test_mismatched_models_raise(tokenizer):
         sync_reference_model(make_qwen(tokenizer, 1), WithBuffers(1), 1.0)
     small = nn.Sequential(nn.Linear(3, 4))
     big = nn.Sequential(nn.Linear(3, 5))
-    with pytest.raises(ValueError, match=r"Tensor '0.weight' has shape \(5, 3\) in the reference but \(4, 3\) in the policy"):
+    with pytest.raises(
+        ValueError, match=r"Tensor '0.weight' has shape \(5, 3\) in the reference but \(4, 3\) in the policy"
+    ):
         sync_reference_model(small, big, 1.0)
 
 

@@ -77,10 +77,19 @@ def test_callback_pairs_once():
 
 def test_inference_deepspeed_config_zero3():
     policy_config = {
-        "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                              "stage3_param_persistence_threshold": "auto", "offload_optimizer": {"device": "cpu"}},
-        "optimizer": {"type": "AdamW"}, "scheduler": {"type": "WarmupLR"}, "bf16": {"enabled": True},
-        "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_clipping": "auto",
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+            "offload_optimizer": {"device": "cpu"},
+        },
+        "optimizer": {"type": "AdamW"},
+        "scheduler": {"type": "WarmupLR"},
+        "bf16": {"enabled": True},
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
     }
     config = _inference_deepspeed_config(policy_config, hidden_size=64)
     assert "optimizer" not in config and "scheduler" not in config and "gradient_clipping" not in config
@@ -94,5 +103,7 @@ def test_inference_deepspeed_config_zero3():
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_inference_deepspeed_config_replicated_stages(stage):
-    config = _inference_deepspeed_config({"zero_optimization": {"stage": stage, "overlap_comm": True}, "train_micro_batch_size_per_gpu": 2}, 64)
+    config = _inference_deepspeed_config(
+        {"zero_optimization": {"stage": stage, "overlap_comm": True}, "train_micro_batch_size_per_gpu": 2}, 64
+    )
     assert config["zero_optimization"] == {"stage": 0} and config["train_micro_batch_size_per_gpu"] == 2

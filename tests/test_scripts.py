@@ -17,8 +17,22 @@ def model_dir(tmp_path_factory):
     return build_tiny_causal_lm(str(tmp_path_factory.mktemp("cli_model")), corpus=arithmetic_corpus())
 
 
-COMMON = ["--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "4",
-          "--use_cpu", "true", "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true"]
+COMMON = [
+    "--per_device_train_batch_size",
+    "8",
+    "--num_generations",
+    "4",
+    "--max_completion_length",
+    "4",
+    "--use_cpu",
+    "true",
+    "--report_to",
+    "none",
+    "--save_strategy",
+    "no",
+    "--disable_tqdm",
+    "true",
+]
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "saved"])
@@ -40,9 +54,28 @@ def test_dataset_formats_load(tmp_path, fmt):
 def test_cli_flags_train_and_sync(tmp_path, model_dir):
     data = str(tmp_path / "d.jsonl")
     make_arithmetic_dataset(32).to_json(data)
-    trainer = grpo_main(["--model_name_or_path", model_dir, "--dataset_name", data, "--reward_funcs", "closeness_reward",
-                         "accuracy_reward", "--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--max_steps", "2",
-                         "--logging_steps", "1", "--output_dir", str(tmp_path / "out"), *COMMON])
+    trainer = grpo_main(
+        [
+            "--model_name_or_path",
+            model_dir,
+            "--dataset_name",
+            data,
+            "--reward_funcs",
+            "closeness_reward",
+            "accuracy_reward",
+            "--sync_ref_model",
+            "true",
+            "--ref_model_sync_steps",
+            "1",
+            "--max_steps",
+            "2",
+            "--logging_steps",
+            "1",
+            "--output_dir",
+            str(tmp_path / "out"),
+            *COMMON,
+        ]
+    )
     assert trainer.state.global_step == 2
     assert trainer.sync_callback.num_syncs == 2
     assert trainer.reward_func_names == ["closeness_reward", "accuracy_reward"]
@@ -52,9 +85,17 @@ def test_cli_flags_train_and_sync(tmp_path, model_dir):
 def test_cli_yaml_config_with_override(tmp_path, model_dir):
     data = str(tmp_path / "d.jsonl")
     make_arithmetic_dataset(32).to_json(data)
-    config = {"model_name_or_path": model_dir, "dataset_name": data, "reward_funcs": ["accuracy_reward"],
-              "max_steps": 5, "beta": 0.1, "sync_ref_model": True, "ref_model_sync_steps": 1,
-              "ref_model_mixup_alpha": 0.5, "output_dir": str(tmp_path / "out")}
+    config = {
+        "model_name_or_path": model_dir,
+        "dataset_name": data,
+        "reward_funcs": ["accuracy_reward"],
+        "max_steps": 5,
+        "beta": 0.1,
+        "sync_ref_model": True,
+        "ref_model_sync_steps": 1,
+        "ref_model_mixup_alpha": 0.5,
+        "output_dir": str(tmp_path / "out"),
+    }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     trainer = grpo_main([f"--config={path}", "--max_steps", "1", "--attn_implementation", "eager", *COMMON])

@@ -1,7 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """trl.models.tiny: offline tiny models and tokenizer round-trip through from_pretrained."""
 
-import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -32,7 +31,10 @@ def test_tiny_models_are_deterministic(tiny_lm_path, tmp_path):
 def test_tiny_reward_model_reloads(tiny_rm_path, tiny_lm_path):
     rm = AutoModelForSequenceClassification.from_pretrained(tiny_rm_path)
     assert rm.config.num_labels == 1
-    assert AutoTokenizer.from_pretrained(tiny_rm_path).get_vocab() == AutoTokenizer.from_pretrained(tiny_lm_path).get_vocab()
+    assert (
+        AutoTokenizer.from_pretrained(tiny_rm_path).get_vocab()
+        == AutoTokenizer.from_pretrained(tiny_lm_path).get_vocab()
+    )
 
 
 def test_tiny_config_overrides():
@@ -42,6 +44,8 @@ def test_tiny_config_overrides():
 
 def test_tokenizer_round_trips_the_chat_template(tiny_lm_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "3+4="}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "3+4="}], tokenize=False, add_generation_prompt=True
+    )
     assert "\n" in text
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text

@@ -23,8 +23,26 @@ import torch.distributed as dist  # noqa: E402
 
 
 ALPHA, TAU, STEPS = 0.6, 2, 4
-COLLECTIVES = ("all_gather_into_tensor", "all_gather", "_all_gather_base", "broadcast", "all_reduce", "reduce_scatter_tensor", "scatter", "all_to_all_single")
-FUNCTIONAL_COLLECTIVES = ("all_gather_tensor", "all_gather_single", "all_gather_tensor_autograd", "all_reduce", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all_single")  # DTensor
+COLLECTIVES = (
+    "all_gather_into_tensor",
+    "all_gather",
+    "_all_gather_base",
+    "broadcast",
+    "all_reduce",
+    "reduce_scatter_tensor",
+    "scatter",
+    "all_to_all_single",
+)
+FUNCTIONAL_COLLECTIVES = (
+    "all_gather_tensor",
+    "all_gather_single",
+    "all_gather_tensor_autograd",
+    "all_reduce",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "broadcast",
+    "all_to_all_single",
+)  # DTensor
 
 
 @contextmanager
@@ -67,7 +85,11 @@ def count_collectives():
     finally:
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
-    events = [e.name for e in profiler.events() if any(k in e.name.lower() for k in ("c10d", "gloo", "nccl", "allgather", "all_gather", "broadcast"))]
+    events = [
+        e.name
+        for e in profiler.events()
+        if any(k in e.name.lower() for k in ("c10d", "gloo", "nccl", "allgather", "all_gather", "broadcast"))
+    ]
     counts["profiler_events"] = len(events)
     counts["profiler_names"] = sorted(set(events))[:10]
 
@@ -83,11 +105,17 @@ def full_state(model) -> dict[str, torch.Tensor]:
 
         with deepspeed.zero.GatheredParameters(zero3):
             return {n: t.detach().clone() for n, t in tensors.items()}
-    return {n: (t.detach().full_tensor() if tensor_layout(t) == "dtensor" else t.detach()).clone() for n, t in tensors.items()}
+    return {
+        n: (t.detach().full_tensor() if tensor_layout(t) == "dtensor" else t.detach()).clone()
+        for n, t in tensors.items()
+    }
 
 
 def checksum(state: dict[str, torch.Tensor]) -> list[float]:
-    return [sum(t.double().sum().item() for t in state.values()), sum(t.double().abs().sum().item() for t in state.values())]
+    return [
+        sum(t.double().sum().item() for t in state.values()),
+        sum(t.double().abs().sum().item() for t in state.values()),
+    ]
 
 
 def expected_after(before: dict, policy: dict, alpha: float) -> dict:
@@ -131,7 +159,9 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
     class CheckedSyncCallback(SyncRefModelCallback):
         def sync(self, args, state, model):
             unwrap = self.accelerator.unwrap_model
-            checked_sync(super(CheckedSyncCallback, self), args, state, unwrap(model), unwrap(self.ref_model), records, args.ref_model_mixup_alpha)
+            checked_sync(
+                super(), args, state, unwrap(model), unwrap(self.ref_model), records, args.ref_model_mixup_alpha
+            )
 
     def digits_reward(completions, **kwargs):  # varied rewards, so the policy moves away from the reference
         return [sum(c.isdigit() for c in text) + 0.1 * len(text) for text in completions]
@@ -146,20 +176,43 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
             "gradient_clipping": "auto",
         }
     args = GRPOConfig(
-        output_dir=os.path.join(out_dir, f"{mode}_run"), per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=6, max_steps=STEPS, learning_rate=5e-2, beta=0.1, sync_ref_model=True,
-        ref_model_sync_steps=TAU, ref_model_mixup_alpha=ALPHA, use_cpu=True, report_to="none", save_strategy="no",
-        disable_tqdm=True, logging_steps=1, seed=0, **extra,
+        output_dir=os.path.join(out_dir, f"{mode}_run"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        max_steps=STEPS,
+        learning_rate=5e-2,
+        beta=0.1,
+        sync_ref_model=True,
+        ref_model_sync_steps=TAU,
+        ref_model_mixup_alpha=ALPHA,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+        seed=0,
+        **extra,
     )
     prompts = [f"What is {a} + {b}?" for a in range(4) for b in range(4)]
     callback = CheckedSyncCallback(ref_model=None)
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=digits_reward, args=args, train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[callback])
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=digits_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        callbacks=[callback],
+    )
     generate_saw_full_weights = []
     policy_generate = trainer.model.generate
 
-    def recording_generate(*args, **kwargs):  # ZeRO-3: are the weights gathered for generate (ds3_gather_for_generation)?
+    def recording_generate(
+        *args, **kwargs
+    ):  # ZeRO-3: are the weights gathered for generate (ds3_gather_for_generation)?
         params = list(trainer.model.parameters())
-        generate_saw_full_weights.append(all(getattr(p, "ds_status", None) is None or p.ds_status.name == "AVAILABLE" for p in params))
+        generate_saw_full_weights.append(
+            all(getattr(p, "ds_status", None) is None or p.ds_status.name == "AVAILABLE" for p in params)
+        )
         return policy_generate(*args, **kwargs)
 
     trainer.model.generate = recording_generate
@@ -182,8 +235,7 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
 
 def checkpoint_roundtrip(trainer) -> bool:
     """Save a checkpoint, zero this rank's part of the reference, restore it: is the gathered reference bitwise back?"""
-    from trl.trainer.ref_sync import named_float_tensors
-    from trl.trainer.ref_sync import _local_part
+    from trl.trainer.ref_sync import _local_part, named_float_tensors
 
     reference = trainer.accelerator.unwrap_model(trainer.ref_model)
     before = full_state(reference)
@@ -239,7 +291,9 @@ def zero3_mismatch(trainer) -> dict:
     # (a) partitioned policy, replicated reference: gather each policy parameter, mix into the replica.
     cases = {"policy_zero3_ref_plain": (policy_z3, plain_ref)}
     # (b) replicated policy, partitioned reference: gather each reference parameter, mix, re-partition.
-    ref_z3 = prepare_deepspeed(AutoModelForCausalLM.from_pretrained(policy_z3.config._name_or_path), trainer.accelerator).module
+    ref_z3 = prepare_deepspeed(
+        AutoModelForCausalLM.from_pretrained(policy_z3.config._name_or_path), trainer.accelerator
+    ).module
     cases["policy_plain_ref_zero3"] = (plain_ref, ref_z3)
     for case, (policy, reference) in cases.items():
         records: list[dict] = []
@@ -323,16 +377,37 @@ def run_zero3_lora(model_dir: str, out_dir: str) -> dict:
         return [sum(c.isdigit() for c in text) + 0.1 * len(text) for text in completions]
 
     args = GRPOConfig(
-        output_dir=os.path.join(out_dir, "zero3_lora_run"), per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=6, max_steps=STEPS, learning_rate=5e-2, beta=0.1, sync_ref_model=True,
-        ref_model_sync_steps=TAU, ref_model_mixup_alpha=1.0, use_cpu=True, report_to="none", save_strategy="no",
-        disable_tqdm=True, seed=0,
-        deepspeed={"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-                   "gradient_accumulation_steps": "auto", "train_batch_size": "auto"},
+        output_dir=os.path.join(out_dir, "zero3_lora_run"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        max_steps=STEPS,
+        learning_rate=5e-2,
+        beta=0.1,
+        sync_ref_model=True,
+        ref_model_sync_steps=TAU,
+        ref_model_mixup_alpha=1.0,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        deepspeed={
+            "zero_optimization": {"stage": 3},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto",
+        },
     )
     prompts = [f"What is {a} + {b}?" for a in range(4) for b in range(4)]
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=digits_reward, args=args, train_dataset=Dataset.from_dict({"prompt": prompts}), peft_config=lora)
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=digits_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        peft_config=lora,
+    )
     trainer.train()
     policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     adapter = {n.replace(".default.", ".ref."): p for n, p in policy.named_parameters() if ".default." in n}
@@ -344,7 +419,8 @@ def run_zero3_lora(model_dir: str, out_dir: str) -> dict:
         "zero3_reference_params": len(local_numels),
         "reference_params": len(reference),
         "local_numel": sum(local_numels),
-        "equal": sorted(full_adapter) == sorted(full_reference) and all(torch.equal(full_adapter[n], full_reference[n]) for n in full_reference),
+        "equal": sorted(full_adapter) == sorted(full_reference)
+        and all(torch.equal(full_adapter[n], full_reference[n]) for n in full_reference),
         "lora_b_moved": any(full_reference[n].abs().sum().item() > 0 for n in full_reference if "lora_B" in n),
     }
 

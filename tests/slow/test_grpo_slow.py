@@ -5,8 +5,6 @@ Skipped without CUDA (see tests/conftest.py). Each test trains a few GRPO steps 
 the sync formula bit for bit: round_bf16(lerp_fp32(reference, policy, α)).
 """
 
-import os
-
 import pytest
 import torch
 from transformers import TrainerCallback, set_seed
@@ -32,8 +30,14 @@ def qwen2_half_b(tmp_path_factory) -> str:
     folder = str(tmp_path_factory.mktemp("qwen2-0.5b"))
     tokenizer = build_tokenizer(arithmetic_corpus())
     config = tiny_qwen2_config(
-        tokenizer, hidden_size=896, num_layers=24, intermediate_size=4864, num_attention_heads=14,
-        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=2048,
+        tokenizer,
+        hidden_size=896,
+        num_layers=24,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=2048,
     )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
@@ -45,9 +49,21 @@ def qwen2_half_b(tmp_path_factory) -> str:
 
 def grpo_args(tmp_path, **overrides) -> GRPOConfig:
     kwargs = dict(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=16,
-        learning_rate=1e-5, beta=0.04, bf16=True, sync_ref_model=True, ref_model_sync_steps=2, max_steps=4,
-        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=16,
+        learning_rate=1e-5,
+        beta=0.04,
+        bf16=True,
+        sync_ref_model=True,
+        ref_model_sync_steps=2,
+        max_steps=4,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
         model_init_kwargs={"dtype": "bfloat16"},
     )
     kwargs.update(overrides)
@@ -73,10 +89,19 @@ def named(model, keep=lambda name: True):
 def test_full_finetune_bf16_sync_is_exact(qwen2_half_b, tmp_path, alpha):
     set_seed(0)
     holder = {}
-    before = Snapshot(lambda: {**{f"ref.{k}": v for k, v in named(holder["t"].ref_model).items()},
-                               **{f"pol.{k}": v for k, v in named(holder["t"].model).items()}})
-    trainer = GRPOTrainer(model=qwen2_half_b, reward_funcs=varied_reward, args=grpo_args(tmp_path, ref_model_mixup_alpha=alpha),
-                          train_dataset=make_arithmetic_dataset(64), callbacks=[before])
+    before = Snapshot(
+        lambda: {
+            **{f"ref.{k}": v for k, v in named(holder["t"].ref_model).items()},
+            **{f"pol.{k}": v for k, v in named(holder["t"].model).items()},
+        }
+    )
+    trainer = GRPOTrainer(
+        model=qwen2_half_b,
+        reward_funcs=varied_reward,
+        args=grpo_args(tmp_path, ref_model_mixup_alpha=alpha),
+        train_dataset=make_arithmetic_dataset(64),
+        callbacks=[before],
+    )
     holder["t"] = trainer
     after = Snapshot(lambda: named(trainer.ref_model))
     trainer.add_callback(after)
@@ -87,7 +112,9 @@ def test_full_finetune_bf16_sync_is_exact(qwen2_half_b, tmp_path, alpha):
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     for step in (2, 4):
         for name, value in after.steps[step].items():
-            expected = torch.lerp(before.steps[step][f"ref.{name}"].float(), before.steps[step][f"pol.{name}"].float(), alpha).to(torch.bfloat16)
+            expected = torch.lerp(
+                before.steps[step][f"ref.{name}"].float(), before.steps[step][f"pol.{name}"].float(), alpha
+            ).to(torch.bfloat16)
             assert torch.equal(value, expected), f"{name} after sync step {step}"
     for step in (1, 3):  # no sync: the reference is where it was
         assert all(torch.equal(after.steps[step][k], before.steps[step][f"ref.{k}"]) for k in after.steps[step])
@@ -98,8 +125,13 @@ def test_lora_sync_copies_the_adapter(qwen2_half_b, tmp_path):
 
     set_seed(0)
     peft_config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=qwen2_half_b, reward_funcs=varied_reward, args=grpo_args(tmp_path, learning_rate=1e-3, ref_model_mixup_alpha=1.0),
-                          train_dataset=make_arithmetic_dataset(64), peft_config=peft_config)
+    trainer = GRPOTrainer(
+        model=qwen2_half_b,
+        reward_funcs=varied_reward,
+        args=grpo_args(tmp_path, learning_rate=1e-3, ref_model_mixup_alpha=1.0),
+        train_dataset=make_arithmetic_dataset(64),
+        peft_config=peft_config,
+    )
     trainer.train()
     policy = trainer.accelerator.unwrap_model(trainer.model)
     adapter = {n.replace(".default.", ".ref."): p for n, p in policy.named_parameters() if ".default." in n}
@@ -112,9 +144,12 @@ def test_lora_sync_copies_the_adapter(qwen2_half_b, tmp_path):
 
 def test_gradient_checkpointing_with_sync(qwen2_half_b, tmp_path):
     set_seed(0)
-    trainer = GRPOTrainer(model=qwen2_half_b, reward_funcs=varied_reward,
-                          args=grpo_args(tmp_path, gradient_checkpointing=True, ref_model_mixup_alpha=1.0),
-                          train_dataset=make_arithmetic_dataset(64))
+    trainer = GRPOTrainer(
+        model=qwen2_half_b,
+        reward_funcs=varied_reward,
+        args=grpo_args(tmp_path, gradient_checkpointing=True, ref_model_mixup_alpha=1.0),
+        train_dataset=make_arithmetic_dataset(64),
+    )
     trainer.train()
     policy, reference = named(trainer.model), named(trainer.ref_model)
     assert all(torch.equal(policy[n], reference[n]) for n in reference)
@@ -126,7 +161,13 @@ def test_zero3_single_gpu_sync(qwen2_half_b, tmp_path, monkeypatch):
     pytest.importorskip("deepspeed")
     import deepspeed
 
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+    for key, value in {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29533",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }.items():
         monkeypatch.setenv(key, value)
     ds_config = {
         "zero_optimization": {"stage": 3},
@@ -136,9 +177,12 @@ def test_zero3_single_gpu_sync(qwen2_half_b, tmp_path, monkeypatch):
         "train_batch_size": "auto",
     }
     set_seed(0)
-    trainer = GRPOTrainer(model=qwen2_half_b, reward_funcs=varied_reward,
-                          args=grpo_args(tmp_path, deepspeed=ds_config, ref_model_mixup_alpha=1.0, learning_rate=1e-4),
-                          train_dataset=make_arithmetic_dataset(64))
+    trainer = GRPOTrainer(
+        model=qwen2_half_b,
+        reward_funcs=varied_reward,
+        args=grpo_args(tmp_path, deepspeed=ds_config, ref_model_mixup_alpha=1.0, learning_rate=1e-4),
+        train_dataset=make_arithmetic_dataset(64),
+    )
     trainer.train()
     policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     reference = trainer.accelerator.unwrap_model(trainer.ref_model)

@@ -3,4 +3,5 @@
 
 from .utils import create_reference_model, disable_dropout_in_model, unwrap_model_for_generation
 
+
 __all__ = ["create_reference_model", "disable_dropout_in_model", "unwrap_model_for_generation"]

@@ -59,7 +59,9 @@ def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = 384) -> Q
     bpe.train_from_iterator(corpus or DEFAULT_CORPUS, trainer)
     model_state = json.loads(bpe.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model_state["merges"]]
-    tokenizer = Qwen2Tokenizer(vocab=model_state["vocab"], merges=merges, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, unk_token=None)
+    tokenizer = Qwen2Tokenizer(
+        vocab=model_state["vocab"], merges=merges, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, unk_token=None
+    )
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.padding_side = "left"

@@ -8,7 +8,9 @@ from contextlib import contextmanager
 from torch import nn
 
 
-def create_reference_model(model: nn.Module, num_shared_layers: int | None = None, pattern: str | None = None) -> nn.Module:
+def create_reference_model(
+    model: nn.Module, num_shared_layers: int | None = None, pattern: str | None = None
+) -> nn.Module:
     """A frozen copy of `model` to serve as the reference model π_ref.
 
     The copy has the same parameter names, shapes, dtypes and devices, is in eval mode, and none of its parameters
@@ -131,7 +133,11 @@ def _inference_deepspeed_config(config: dict, hidden_size: int | None) -> dict:
     else:
         config["zero_optimization"] = {"stage": 0}
     # Batch sizes mean nothing without an optimizer, but DeepSpeed checks them: keep them consistent.
-    if "auto" in (config.get("train_micro_batch_size_per_gpu"), config.get("gradient_accumulation_steps"), config.get("train_batch_size")):
+    if "auto" in (
+        config.get("train_micro_batch_size_per_gpu"),
+        config.get("gradient_accumulation_steps"),
+        config.get("train_batch_size"),
+    ):
         for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
             config.pop(key, None)
         config["train_micro_batch_size_per_gpu"] = 1

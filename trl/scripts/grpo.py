@@ -10,8 +10,8 @@ import importlib
 import os
 from dataclasses import dataclass, field
 
-from ..trainer import GRPOConfig, GRPOTrainer
 from ..tasks import arithmetic
+from ..trainer import GRPOConfig, GRPOTrainer
 from .utils import ScriptArguments, TrlParser, load_dataset_from_path
 
 
@@ -25,8 +25,12 @@ class ModelConfig:
     model_name_or_path: str = field(metadata={"help": "Local model folder (or hub id)."})
     model_revision: str = field(default="main", metadata={"help": "Branch, tag or commit of a hub model."})
     dtype: str | None = field(default=None, metadata={"help": "'auto', 'bfloat16', 'float16' or 'float32'."})
-    attn_implementation: str | None = field(default=None, metadata={"help": "e.g. 'sdpa', 'eager', 'flash_attention_2'."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom modelling code from the model folder."})
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": "e.g. 'sdpa', 'eager', 'flash_attention_2'."}
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow custom modelling code from the model folder."}
+    )
     use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
@@ -38,7 +42,9 @@ class ModelConfig:
 class GRPOScriptArguments(ScriptArguments):
     reward_funcs: list[str] = field(
         default_factory=lambda: ["accuracy_reward"],
-        metadata={"help": "Built-in names (accuracy_reward, closeness_reward), 'module:function', or reward-model paths."},
+        metadata={
+            "help": "Built-in names (accuracy_reward, closeness_reward), 'module:function', or reward-model paths."
+        },
     )
 
 
@@ -55,7 +61,9 @@ def resolve_reward_func(name: str):
         return getattr(importlib.import_module(module), function)
     if os.path.isdir(name):
         return name
-    raise ValueError(f"Unknown reward function {name!r}: use one of {sorted(BUILTIN_REWARDS)}, 'module:function' or a reward-model folder.")
+    raise ValueError(
+        f"Unknown reward function {name!r}: use one of {sorted(BUILTIN_REWARDS)}, 'module:function' or a reward-model folder."
+    )
 
 
 def main(argv: list[str] | None = None) -> GRPOTrainer:

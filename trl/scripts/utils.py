@@ -54,7 +54,10 @@ _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".cs
 
 def load_dataset_from_path(name: str, config: str | None = None) -> DatasetDict:
     """Load a dataset from a local path (or the hub) as a `DatasetDict` (a single file becomes split `"train"`)."""
-    if os.path.isdir(name) and (os.path.exists(os.path.join(name, "dataset_info.json")) or os.path.exists(os.path.join(name, "dataset_dict.json"))):
+    if os.path.isdir(name) and (
+        os.path.exists(os.path.join(name, "dataset_info.json"))
+        or os.path.exists(os.path.join(name, "dataset_dict.json"))
+    ):
         loaded = load_from_disk(name)
         return DatasetDict({"train": loaded}) if isinstance(loaded, Dataset) else loaded
     extension = os.path.splitext(name)[1].lower()

@@ -3,4 +3,5 @@
 
 from .arithmetic import accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset
 
+
 __all__ = ["accuracy_reward", "arithmetic_corpus", "closeness_reward", "make_arithmetic_dataset"]

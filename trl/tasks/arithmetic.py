@@ -10,7 +10,9 @@ from datasets import Dataset
 _FIRST_INTEGER = re.compile(r"\s*(\d+)")
 
 
-def make_arithmetic_dataset(num_examples: int = 512, seed: int = 0, max_operand: int = 9, conversational: bool = False) -> Dataset:
+def make_arithmetic_dataset(
+    num_examples: int = 512, seed: int = 0, max_operand: int = 9, conversational: bool = False
+) -> Dataset:
     """Prompts `"a+b="` with `0 ≤ a, b ≤ max_operand` and their answers.
 
     Returns:

@@ -6,4 +6,5 @@ from .grpo_config import GRPOConfig
 from .grpo_trainer import GRPOTrainer
 from .ref_sync import sync_reference_model
 
+
 __all__ = ["GRPOConfig", "GRPOTrainer", "SyncRefModelCallback", "sync_reference_model"]

@@ -61,9 +61,14 @@ class SyncRefModelCallback(TrainerCallback):
         self.num_syncs, self.last_sync_step = int(state["num_syncs"]), int(state["last_sync_step"])
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs):
-        if getattr(args, "ref_model_sync_strategy", "steps") == "steps" and state.global_step % args.ref_model_sync_steps == 0:
+        if (
+            getattr(args, "ref_model_sync_strategy", "steps") == "steps"
+            and state.global_step % args.ref_model_sync_steps == 0
+        ):
             self.sync(args, state, model)
 
-    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs):
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs
+    ):
         if getattr(args, "ref_model_sync_strategy", "steps") == "epoch" and state.global_step > self.last_sync_step:
             self.sync(args, state, model)

@@ -164,7 +164,8 @@ class GRPOConfig(TrainingArguments):
         default="group", metadata={"help": "Reward scaling: 'group', 'batch' or 'none'.", "choices": SCALE_REWARDS}
     )
     loss_type: str = field(
-        default="dapo", metadata={"help": "Loss normalisation: 'grpo', 'bnpo', 'dr_grpo' or 'dapo'.", "choices": LOSS_TYPES}
+        default="dapo",
+        metadata={"help": "Loss normalisation: 'grpo', 'bnpo', 'dr_grpo' or 'dapo'.", "choices": LOSS_TYPES},
     )
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Exclude completions without an EOS token from the loss."}

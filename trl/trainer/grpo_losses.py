@@ -78,7 +78,9 @@ def group_advantages(
         ValueError: if N is not a multiple of G or `scale_rewards` is unknown.
     """
     if rewards.numel() % num_generations != 0:
-        raise ValueError(f"{rewards.numel()} rewards cannot be split into groups of num_generations={num_generations}.")
+        raise ValueError(
+            f"{rewards.numel()} rewards cannot be split into groups of num_generations={num_generations}."
+        )
     if valid is None:
         valid = torch.ones_like(rewards, dtype=torch.bool)
     r = torch.where(valid, rewards, torch.zeros_like(rewards)).view(-1, num_generations)
@@ -87,7 +89,7 @@ def group_advantages(
     centred = (r - mean) * v
     group_std = group_reward_std(rewards, num_generations, valid).unsqueeze(1)
     # Exact zeros for groups with one valid value or all-equal values (no rounding residue from the mean).
-    distinct = (r.masked_fill(v == 0, float("inf")).amin(1) != r.masked_fill(v == 0, float("-inf")).amax(1))
+    distinct = r.masked_fill(v == 0, float("inf")).amin(1) != r.masked_fill(v == 0, float("-inf")).amax(1)
     centred = centred * distinct.unsqueeze(1)
     if scale_rewards == "group":
         advantages = centred / (group_std + eps)
@@ -117,7 +119,9 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | list[int])
     eos_ids = torch.as_tensor(eos_token_id, device=completion_ids.device).reshape(-1)
     is_eos = torch.isin(completion_ids, eos_ids)
     length = completion_ids.size(1)
-    first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), torch.full_like(is_eos[:, 0], length, dtype=torch.long))
+    first_eos = torch.where(
+        is_eos.any(dim=1), is_eos.int().argmax(dim=1), torch.full_like(is_eos[:, 0], length, dtype=torch.long)
+    )
     positions = torch.arange(length, device=completion_ids.device).unsqueeze(0)
     return (positions <= first_eos.unsqueeze(1)).long()
 
@@ -157,7 +161,7 @@ def kl_k3(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> t
     Returns:
         `(N, L)` float32 tensor.
     """
-    x = (ref_per_token_logps.float() - per_token_logps.float())
+    x = ref_per_token_logps.float() - per_token_logps.float()
     x_clamped = x.clamp(max=KL_LOG_RATIO_LINEAR_FROM)
     # expm1 avoids the cancellation of exp(x) - 1 near x = 0; the clamp removes the last rounding below zero.
     return (torch.expm1(x_clamped) - x + torch.exp(x_clamped) * (x - x_clamped)).clamp(min=0.0)

@@ -9,15 +9,15 @@ syncing in `ref_sync` and `callbacks`.
 import json
 import os
 from collections import defaultdict
-from contextlib import contextmanager
 from collections.abc import Callable, Sized
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 from accelerate.utils import gather, gather_object
-from safetensors.torch import load_file, save_file
 from datasets import Dataset, IterableDataset
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import Sampler
 from transformers import (
@@ -77,7 +77,15 @@ class RepeatSampler(Sampler):
     generation batch, which the trainer generates once and then slices.
     """
 
-    def __init__(self, data_source: Sized, mini_repeat_count: int, batch_size: int = 1, repeat_count: int = 1, shuffle: bool = True, seed: int = 0):
+    def __init__(
+        self,
+        data_source: Sized,
+        mini_repeat_count: int,
+        batch_size: int = 1,
+        repeat_count: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+    ):
         self.num_samples = len(data_source)
         self.mini_repeat_count = mini_repeat_count
         self.batch_size = batch_size
@@ -116,7 +124,9 @@ def split_tensor_dict(batch: dict[str, Any], num_chunks: int) -> list[dict[str, 
     """Split every tensor with a batch dimension into `num_chunks` equal parts; scalars and `None` are shared."""
     chunks = [{} for _ in range(num_chunks)]
     for key, value in batch.items():
-        parts = value.chunk(num_chunks) if isinstance(value, torch.Tensor) and value.dim() > 0 else [value] * num_chunks
+        parts = (
+            value.chunk(num_chunks) if isinstance(value, torch.Tensor) and value.dim() > 0 else [value] * num_chunks
+        )
         for chunk, part in zip(chunks, parts):
             chunk[key] = part
     return chunks
@@ -217,12 +227,15 @@ class GRPOTrainer(Trainer):
         if not isinstance(reward_funcs, list):
             reward_funcs = [reward_funcs]
         reward_funcs = [
-            AutoModelForSequenceClassification.from_pretrained(f, num_labels=1, **_model_init_kwargs(args)) if isinstance(f, str) else f
+            AutoModelForSequenceClassification.from_pretrained(f, num_labels=1, **_model_init_kwargs(args))
+            if isinstance(f, str)
+            else f
             for f in reward_funcs
         ]
         self.reward_funcs = reward_funcs
         self.reward_func_names = [
-            f.config._name_or_path.rstrip("/").split("/")[-1] if isinstance(f, nn.Module) else f.__name__ for f in reward_funcs
+            f.config._name_or_path.rstrip("/").split("/")[-1] if isinstance(f, nn.Module) else f.__name__
+            for f in reward_funcs
         ]
         if args.reward_weights is not None and len(args.reward_weights) != len(reward_funcs):
             raise ValueError(
@@ -308,7 +321,10 @@ class GRPOTrainer(Trainer):
         self.model_accepts_loss_kwargs = False
         # One dataloader item = one local generation batch (see RepeatSampler).
         self._train_batch_size = args.per_device_train_batch_size * args.steps_per_generation
-        if eval_dataset is not None and (args.per_device_eval_batch_size * self.accelerator.num_processes) % self.num_generations:
+        if (
+            eval_dataset is not None
+            and (args.per_device_eval_batch_size * self.accelerator.num_processes) % self.num_generations
+        ):
             raise ValueError(
                 f"The global eval batch ({args.per_device_eval_batch_size} × {self.accelerator.num_processes} "
                 f"processes) must be divisible by num_generations ({self.num_generations}): change "
@@ -354,7 +370,9 @@ class GRPOTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         self._step, self._buffered_inputs = None, None
-        checkpoint = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+        checkpoint = (
+            get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+        )
         if checkpoint:
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
@@ -422,7 +440,9 @@ class GRPOTrainer(Trainer):
             return
         saved, tensors = load_file(weights), self._reference_tensors()
         if set(saved) != set(tensors):
-            raise ValueError(f"{weights} does not match the reference model: {sorted(set(saved) ^ set(tensors))[:5]} differ.")
+            raise ValueError(
+                f"{weights} does not match the reference model: {sorted(set(saved) ^ set(tensors))[:5]} differ."
+            )
         with torch.no_grad():
             for name, tensor in tensors.items():
                 with gathered_tensor(tensor, modify=True) as full:
@@ -446,7 +466,14 @@ class GRPOTrainer(Trainer):
 
     # ---- generation and scoring ----
 
-    def _get_per_token_logps(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int | None = None) -> torch.Tensor:
+    def _get_per_token_logps(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+    ) -> torch.Tensor:
         """Log-probs of the last `logits_to_keep` tokens of `input_ids` under `model`, at `temperature`.
 
         Position ids come from the attention mask, so left padding does not change the result.
@@ -465,7 +492,13 @@ class GRPOTrainer(Trainer):
             ids = input_ids[start : start + batch_size]
             mask = attention_mask[start : start + batch_size]
             position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=logits_to_keep + 1, use_cache=False).logits
+            logits = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                logits_to_keep=logits_to_keep + 1,
+                use_cache=False,
+            ).logits
             logits = logits[:, :-1, :] / self.temperature
             out.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
         return torch.cat(out, dim=0)
@@ -487,7 +520,11 @@ class GRPOTrainer(Trainer):
         checkpoint samples exactly what the uninterrupted run sampled, and no two generation batches share draws.
         """
         if mode == "train":
-            position = self._step if self._step is not None else self.state.global_step * self.args.gradient_accumulation_steps
+            position = (
+                self._step
+                if self._step is not None
+                else self.state.global_step * self.args.gradient_accumulation_steps
+            )
         else:
             position, self._eval_generations = self._eval_generations, self._eval_generations + 1
         entropy = [self.args.seed, int(mode == "eval"), position, self.accelerator.process_index]
@@ -498,7 +535,9 @@ class GRPOTrainer(Trainer):
             torch.manual_seed(seed)
             yield
 
-    def _calculate_rewards(self, inputs: list[dict], prompts: list, completions: list, completion_ids: list[list[int]]) -> torch.Tensor:
+    def _calculate_rewards(
+        self, inputs: list[dict], prompts: list, completions: list, completion_ids: list[list[int]]
+    ) -> torch.Tensor:
         """`(N, F)` float32 rewards, NaN where a function returned `None`.
 
         Raises:
@@ -506,22 +545,42 @@ class GRPOTrainer(Trainer):
         """
         device = self.accelerator.device
         rewards = torch.zeros(len(prompts), len(self.reward_funcs), device=device)
-        columns = {key: [example[key] for example in inputs] for key in inputs[0] if key not in ("prompt", "completion", "completion_ids")}
-        for i, (func, name, tokenizer) in enumerate(zip(self.reward_funcs, self.reward_func_names, self.reward_processing_classes)):
+        columns = {
+            key: [example[key] for example in inputs]
+            for key in inputs[0]
+            if key not in ("prompt", "completion", "completion_ids")
+        }
+        for i, (func, name, tokenizer) in enumerate(
+            zip(self.reward_funcs, self.reward_func_names, self.reward_processing_classes)
+        ):
             if isinstance(func, nn.Module):
                 if is_conversational(inputs[0]):
-                    texts = [tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
+                    texts = [
+                        tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)
+                    ]
                 else:
                     texts = [p + c for p, c in zip(prompts, completions)]
-                encoded = tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False).to(device)
+                encoded = tokenizer(
+                    text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+                ).to(device)
                 with torch.no_grad():
                     rewards[:, i] = func(**encoded).logits[:, 0].float()
                 continue
-            values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=self.state, **columns)
+            values = func(
+                prompts=prompts,
+                completions=completions,
+                completion_ids=completion_ids,
+                trainer_state=self.state,
+                **columns,
+            )
             if values is None or len(values) != len(prompts):
                 got = "None" if values is None else len(values)
-                raise ValueError(f"Reward function {name!r} returned {got} rewards for {len(prompts)} completions; it must return one float (or None) per completion.")
-            rewards[:, i] = torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32, device=device)
+                raise ValueError(
+                    f"Reward function {name!r} returned {got} rewards for {len(prompts)} completions; it must return one float (or None) per completion."
+                )
+            rewards[:, i] = torch.tensor(
+                [float("nan") if v is None else float(v) for v in values], dtype=torch.float32, device=device
+            )
         return rewards
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -536,26 +595,44 @@ class GRPOTrainer(Trainer):
         tokenizer = self.processing_class
         prompts = [example["prompt"] for example in inputs]
         conversational = is_conversational(inputs[0])
-        prompts_text = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if conversational else p for p in prompts]
-        encoded = tokenizer(text=prompts_text, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        prompts_text = [
+            tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if conversational else p
+            for p in prompts
+        ]
+        encoded = tokenizer(
+            text=prompts_text, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+        )
         prompt_ids, prompt_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
         if self.max_prompt_length is not None:
-            prompt_ids, prompt_mask = prompt_ids[:, -self.max_prompt_length :], prompt_mask[:, -self.max_prompt_length :]
+            prompt_ids, prompt_mask = (
+                prompt_ids[:, -self.max_prompt_length :],
+                prompt_mask[:, -self.max_prompt_length :],
+            )
 
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator, args.ds3_gather_for_generation) as policy:
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
+        ) as policy:
             was_training = policy.training
             policy.eval()  # use the KV cache even with gradient checkpointing
             with torch.no_grad(), self._sampling_rng(mode):
-                sequences = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.generation_config)
+                sequences = policy.generate(
+                    input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.generation_config
+                )
             policy.train(was_training)
         completion_ids = sequences[:, prompt_ids.size(1) :]
         eos_ids = self.generation_config.eos_token_id
         full_mask = completion_mask(completion_ids, eos_ids)  # the tokens of each completion
         terminated = torch.isin(completion_ids, torch.as_tensor(eos_ids, device=device).reshape(-1)).any(dim=1)
-        mask = full_mask * terminated.unsqueeze(1).long() if args.mask_truncated_completions else full_mask  # loss mask
+        mask = (
+            full_mask * terminated.unsqueeze(1).long() if args.mask_truncated_completions else full_mask
+        )  # loss mask
         completion_ids_list = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, full_mask)]
         completions_text = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        completions = [[{"role": "assistant", "content": text}] for text in completions_text] if conversational else completions_text
+        completions = (
+            [[{"role": "assistant", "content": text}] for text in completions_text]
+            if conversational
+            else completions_text
+        )
 
         # Rewards and advantages over the global batch (a group may straddle processes), then this process's slice.
         rewards_per_func = gather(self._calculate_rewards(inputs, prompts, completions, completion_ids_list))
@@ -579,9 +656,13 @@ class GRPOTrainer(Trainer):
         }
         with torch.no_grad():
             if stale and mode == "train":
-                output["old_per_token_logps"] = self._get_per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, batch_size)
+                output["old_per_token_logps"] = self._get_per_token_logps(
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size
+                )
             if self.beta != 0.0:
-                output["ref_per_token_logps"] = self._ref_per_token_logps(input_ids, attention_mask, logits_to_keep, batch_size)
+                output["ref_per_token_logps"] = self._ref_per_token_logps(
+                    input_ids, attention_mask, logits_to_keep, batch_size
+                )
         total_tokens = gather(mask.sum()).sum().float()
         micro_batches = args.steps_per_generation if mode == "train" else 1
         output["num_items_in_batch"] = total_tokens / (self.accelerator.num_processes * micro_batches)
@@ -635,13 +716,17 @@ class GRPOTrainer(Trainer):
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
-        per_token_loss, low, high = clipped_surrogate(per_token_logps, old_per_token_logps, inputs["advantages"], self.epsilon_low, self.epsilon_high)
+        per_token_loss, low, high = clipped_surrogate(
+            per_token_logps, old_per_token_logps, inputs["advantages"], self.epsilon_low, self.epsilon_high
+        )
         metrics = self._metrics[mode]
         if self.beta != 0.0:
             per_token_kl = kl_k3(per_token_logps, inputs["ref_per_token_logps"])
             per_token_loss = per_token_loss + self.beta * per_token_kl
             metrics["kl"].append(gather(masked_mean(per_token_kl.detach(), mask)).nanmean().item())
-        loss = aggregate_loss(per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"])
+        loss = aggregate_loss(
+            per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"]
+        )
         low_ratio, high_ratio = masked_mean(low.float(), mask), masked_mean(high.float(), mask)
         metrics["clip_ratio/low_mean"].append(gather(low_ratio).mean().item())
         metrics["clip_ratio/high_mean"].append(gather(high_ratio).mean().item())
@@ -666,7 +751,12 @@ class GRPOTrainer(Trainer):
             metrics["ref_model/steps_since_sync"] = self.state.global_step - self.sync_callback.last_sync_step
         super().log({**logs, **metrics}, start_time)
         self._metrics[mode].clear()
-        if mode == "train" and self.args.log_completions and self._last_completions and self.accelerator.is_main_process:
+        if (
+            mode == "train"
+            and self.args.log_completions
+            and self._last_completions
+            and self.accelerator.is_main_process
+        ):
             self._print_completions()
 
     def _print_completions(self) -> None:

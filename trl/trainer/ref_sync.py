@@ -66,7 +66,13 @@ def _partitioning(tensor: torch.Tensor) -> tuple:
         return (layout, tensor.ds_tensor.numel(), dist.get_rank(group), dist.get_world_size(group))
     if layout == DTENSOR:
         mesh = tensor.device_mesh
-        return (layout, tuple(tensor.to_local().shape), tuple(tensor.placements), mesh.device_type, tuple(mesh.mesh.flatten().tolist()))
+        return (
+            layout,
+            tuple(tensor.to_local().shape),
+            tuple(tensor.placements),
+            mesh.device_type,
+            tuple(mesh.mesh.flatten().tolist()),
+        )
     return (layout, tuple(tensor.shape))
 
 
@@ -137,7 +143,10 @@ class ReferenceSync:
                 reference_parts.append(reference_tensor.data)
         mix_tensors_(reference_parts, policy_parts, alpha)
         for _, policy_tensor, reference_tensor in self.fallback:
-            with gathered_tensor(policy_tensor, modify=False) as policy_full, gathered_tensor(reference_tensor, modify=True) as reference_full:
+            with (
+                gathered_tensor(policy_tensor, modify=False) as policy_full,
+                gathered_tensor(reference_tensor, modify=True) as reference_full,
+            ):
                 mix_tensors_([reference_full], [policy_full], alpha)
 
 
@@ -196,7 +205,9 @@ def pair_for_sync(policy: nn.Module, reference: nn.Module | None) -> ReferenceSy
     for name, tensor in ref_items:
         source = policy_tensors[name]
         if _full_shape(source) != _full_shape(tensor):
-            raise ValueError(f"Tensor {name!r} has shape {_full_shape(tensor)} in the reference but {_full_shape(source)} in the policy.")
+            raise ValueError(
+                f"Tensor {name!r} has shape {_full_shape(tensor)} in the reference but {_full_shape(source)} in the policy."
+            )
         same = _partitioning(source) == _partitioning(tensor)
         (plan.local if same else plan.fallback).append((name, source, tensor))
     if plan.fallback:
@@ -211,7 +222,9 @@ def pair_for_sync(policy: nn.Module, reference: nn.Module | None) -> ReferenceSy
     return plan
 
 
-def _adapter_pairs(model: nn.Module, policy_adapter: str, reference_adapter: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+def _adapter_pairs(
+    model: nn.Module, policy_adapter: str, reference_adapter: str
+) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """`(name, policy parameter, reference parameter)` for each tensor of a PEFT model's two adapters.
 
     With LoRA the reference is the shared base model plus a frozen second adapter (see `add_reference_adapter`);
@@ -232,7 +245,11 @@ def _adapter_pairs(model: nn.Module, policy_adapter: str, reference_adapter: str
         return found
 
     policy, reference = adapter_tensors(policy_adapter), adapter_tensors(reference_adapter)
-    if not reference or set(policy) != set(reference) or any(_full_shape(policy[k]) != _full_shape(reference[k]) for k in reference):
+    if (
+        not reference
+        or set(policy) != set(reference)
+        or any(_full_shape(policy[k]) != _full_shape(reference[k]) for k in reference)
+    ):
         raise ValueError(
             f"Adapter {reference_adapter!r} does not mirror adapter {policy_adapter!r} "
             f"({len(reference)} vs {len(policy)} tensors); create it with add_reference_adapter."
