@@ -10,9 +10,9 @@ import importlib
 import os
 from dataclasses import dataclass, field
 
-from ..tasks import arithmetic
-from ..trainer import GRPOConfig, GRPOTrainer
-from .utils import ScriptArguments, TrlParser, load_dataset_from_path
+from trl.scripts.utils import ScriptArguments, TrlParser, load_dataset_from_path
+from trl.tasks import arithmetic
+from trl.trainer import GRPOConfig, GRPOTrainer
 
 
 BUILTIN_REWARDS = {name: getattr(arithmetic, name) for name in ("accuracy_reward", "closeness_reward")}
