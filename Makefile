@@ -1,5 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-# `make demo` and `make test` set themselves up on a fresh machine (CPU torch from local disk when torch is missing).
+# `make demo` and `make test` set themselves up on a fresh machine: torch==2.13.0 when torch is missing (set
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build where pip would pick a CUDA one), then -e ".[test]".
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 export HF_HUB_OFFLINE := 1
@@ -8,8 +9,10 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup demo test slow_tests benchmark reproduce lint clean
 
+TORCH_INDEX ?=
+
 setup:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -q -e ".[test]"
 
 demo: setup
@@ -19,7 +22,7 @@ test: setup
 	$(PYTHON) -m pytest -m "not slow" tests
 
 slow_tests: setup
-	$(PYTHON) -m pytest -m slow tests/slow
+	$(PYTHON) -m pytest -m slow -rs tests/slow
 
 benchmark: setup
 	$(PYTHON) benchmarks/benchmark_grpo_step.py
@@ -33,4 +36,4 @@ lint:
 	ruff check . && ruff format --check .
 
 clean:
-	rm -rf demo_output reproduction_output build dist *.egg-info .pytest_cache
+	rm -rf demo_output reproduction_output outputs build dist *.egg-info .pytest_cache .ruff_cache

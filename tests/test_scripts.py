@@ -125,3 +125,19 @@ def test_console_script_usage(capsys):
     assert "usage: trl {grpo}" in capsys.readouterr().err  # a usage error goes to stderr
     assert cli_main(["--help"]) == 0
     assert "usage: trl {grpo}" in capsys.readouterr().out
+
+
+def test_shipped_example_yaml_parses():
+    import os
+
+    from trl import GRPOConfig
+    from trl.scripts.grpo import GRPOScriptArguments, ModelConfig
+    from trl.scripts.utils import TrlParser
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "grpo_demo.yaml")
+    parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config(["--config", path, "--max_steps", "7"])
+    assert model_args.model_name_or_path == "demo_output/model"
+    assert script_args.reward_funcs == ["closeness_reward", "accuracy_reward"]
+    assert training_args.sync_ref_model and training_args.ref_model_sync_steps == 25
+    assert training_args.max_steps == 7  # the flag overrides the file

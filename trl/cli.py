@@ -11,6 +11,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         asked = bool(argv) and argv[0] in ("-h", "--help")
+        if argv and not asked:
+            print(f"trl: unknown command {argv[0]!r}", file=sys.stderr)
         usage = "usage: trl {grpo} [--config FILE.yaml] [--flag value ...]\n\n  grpo    train with (iterative) GRPO; `trl grpo --help` lists every flag"
         print(usage, file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2

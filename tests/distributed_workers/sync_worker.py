@@ -450,6 +450,9 @@ def main() -> None:
         json.dump(result, f)
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # results are written: skip interpreter teardown, where gloo has been seen to abort
 
 
 if __name__ == "__main__":

@@ -67,7 +67,12 @@ def resolve_reward_func(name: str):
 
 
 def main(argv: list[str] | None = None) -> GRPOTrainer:
-    parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig), prog="trl grpo")
+    parser = TrlParser(
+        (GRPOScriptArguments, GRPOConfig, ModelConfig),
+        prog="trl grpo",
+        description="Train with (iterative) GRPO. `--config FILE.yaml` reads any of the flags below from a YAML file; "
+        "flags given on the command line override it.",
+    )
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": model_args.trust_remote_code}
     for key in ("dtype", "attn_implementation"):
