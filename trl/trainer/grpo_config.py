@@ -19,6 +19,8 @@ class GRPOConfig(TrainingArguments):
 
     Only the parameters specific to GRPO are listed here; see [`~transformers.TrainingArguments`] for the rest.
     Batch sizes count *completions*: `per_device_train_batch_size=8` with `num_generations=4` holds two prompts.
+    Unlike recent TRL releases, `bf16`, `gradient_checkpointing` and `logging_steps` keep the `TrainingArguments`
+    defaults (fp32, off, 500): set them explicitly for GPU runs.
 
     Parameters:
         > Parameters that control the model
