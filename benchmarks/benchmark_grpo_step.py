@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 
 from trl import GRPOConfig, GRPOTrainer, create_reference_model  # noqa: E402
-from trl.models.tiny import build_tiny_causal_lm  # noqa: E402
+from trl.models.tiny import QWEN2_5_0_5B_SHAPE, build_tiny_causal_lm  # noqa: E402
 from trl.tasks import accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset  # noqa: E402
 from trl.trainer.ref_sync import mix_tensors_  # noqa: E402
 
@@ -40,16 +40,7 @@ class StepTimer(TrainerCallback):
 
 PRESETS = {
     "tiny": dict(hidden_size=64, num_layers=2),
-    # The shape of Qwen2.5-0.5B: 494M parameters with its 151936-token vocabulary.
-    "0.5b": dict(
-        hidden_size=896,
-        num_layers=24,
-        intermediate_size=4864,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=2048,
-    ),
+    "0.5b": QWEN2_5_0_5B_SHAPE,
 }
 
 

@@ -10,24 +10,11 @@ import argparse
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM
 
-from trl.models.tiny import build_tokenizer, tiny_qwen2_config
+from trl.models.tiny import QWEN2_5_0_5B_SHAPE, build_tokenizer, tiny_qwen2_config
 from trl.tasks import arithmetic_corpus
 from trl.trainer.ref_sync import REFERENCE_ADAPTER, add_reference_adapter
-
-
-def qwen2_0_5b_config() -> Qwen2Config:
-    """The shape of Qwen2.5-0.5B (494M parameters, tied embeddings)."""
-    return Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
 
 
 def count(config, rank: int, bytes_per_param: int) -> tuple[int, int]:
@@ -49,7 +36,7 @@ def main():
     print(f"|{'-' * 24}|{'-' * 22}|{'-' * 20}|{'-' * 10}|")
     for name, config in (
         ("tiny (tests)", tiny_qwen2_config(build_tokenizer(arithmetic_corpus()))),
-        ("Qwen2 0.5B shape", qwen2_0_5b_config()),
+        ("Qwen2 0.5B shape", tiny_qwen2_config(build_tokenizer(arithmetic_corpus()), **QWEN2_5_0_5B_SHAPE)),
     ):
         full, adapter = count(config, args.rank, 2)
         print(f"| {name:<22} | {full / 2**20:>16.2f} MiB | {adapter / 2**20:>14.3f} MiB | {adapter / full:>8.2%} |")

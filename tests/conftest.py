@@ -69,8 +69,13 @@ def arithmetic_dataset(_arithmetic_dataset):
 @pytest.fixture
 def grpo_kwargs(tmp_path):
     """Keyword arguments for a tiny, fast, offline GRPOConfig; override per test with `{**grpo_kwargs, ...}`."""
+    return tiny_grpo_kwargs(str(tmp_path / "out"))
+
+
+def tiny_grpo_kwargs(output_dir: str) -> dict:
+    """The `grpo_kwargs` values, for module-scoped fixtures (which cannot use the per-test fixture)."""
     return dict(
-        output_dir=str(tmp_path / "out"),
+        output_dir=output_dir,
         use_cpu=True,
         report_to="none",
         save_strategy="no",

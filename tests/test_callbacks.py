@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+from conftest import tiny_grpo_kwargs
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState
 
@@ -131,21 +132,7 @@ def make_trainer(tiny_lm_path, dataset, grpo_kwargs, callbacks=None, **overrides
 
 @pytest.fixture(scope="module")
 def hard_sync_run(tiny_lm_path, _arithmetic_dataset, tmp_path_factory):
-    kwargs = dict(
-        output_dir=str(tmp_path_factory.mktemp("sync")),
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=4,
-        max_prompt_length=16,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-2,
-        seed=0,
-    )
+    kwargs = tiny_grpo_kwargs(str(tmp_path_factory.mktemp("sync")))
     torch.manual_seed(0)
     trainer = make_trainer(
         tiny_lm_path,

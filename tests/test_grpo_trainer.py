@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 import torch
+from conftest import tiny_grpo_kwargs
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback, TrainerState
 
 from trl import GRPOConfig, GRPOTrainer
@@ -40,26 +41,10 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def soft_sync_run(tiny_lm_path, _arithmetic_dataset, tmp_path_factory):
-    args = GRPOConfig(
-        output_dir=str(tmp_path_factory.mktemp("soft")),
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=4,
-        max_prompt_length=16,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-2,
-        seed=0,
-        max_steps=4,
-        sync_ref_model=True,
-        ref_model_sync_steps=2,
-        ref_model_mixup_alpha=0.5,
-        reward_weights=[1.0, 0.5],
+    overrides = dict(
+        max_steps=4, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.5, reward_weights=[1.0, 0.5]
     )
+    args = GRPOConfig(**{**tiny_grpo_kwargs(str(tmp_path_factory.mktemp("soft"))), **overrides})
     trainer = GRPOTrainer(
         tiny_lm_path, [first_token_reward, closeness_reward], args=args, train_dataset=_arithmetic_dataset
     )

@@ -10,7 +10,7 @@ import torch
 from transformers import TrainerCallback, set_seed
 
 from trl import GRPOConfig, GRPOTrainer
-from trl.models.tiny import build_tokenizer, tiny_qwen2_config
+from trl.models.tiny import QWEN2_5_0_5B_SHAPE, build_tokenizer, tiny_qwen2_config
 from trl.tasks import arithmetic_corpus, make_arithmetic_dataset
 
 
@@ -29,16 +29,7 @@ def qwen2_half_b(tmp_path_factory) -> str:
 
     folder = str(tmp_path_factory.mktemp("qwen2-0.5b"))
     tokenizer = build_tokenizer(arithmetic_corpus())
-    config = tiny_qwen2_config(
-        tokenizer,
-        hidden_size=896,
-        num_layers=24,
-        intermediate_size=4864,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=2048,
-    )
+    config = tiny_qwen2_config(tokenizer, **QWEN2_5_0_5B_SHAPE)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     assert 480e6 < sum(p.numel() for p in model.parameters()) < 510e6

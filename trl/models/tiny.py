@@ -68,6 +68,19 @@ def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = 384) -> Q
     return tokenizer
 
 
+# Keyword arguments of `tiny_qwen2_config` for the shape of Qwen2.5-0.5B (494M parameters with its 151936-token
+# vocabulary, tied embeddings): random weights of a real size, for GPU tests and benchmarks.
+QWEN2_5_0_5B_SHAPE = dict(
+    hidden_size=896,
+    num_layers=24,
+    intermediate_size=4864,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=2048,
+)
+
+
 def tiny_qwen2_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, **overrides) -> Qwen2Config:
     """A Qwen2 config sized for CPU tests (`hidden_size` 64, 2 layers, 4 heads, 2 KV heads by default)."""
     kwargs = dict(
