@@ -28,17 +28,20 @@ class Scalar(nn.Module):
         self.w = nn.Parameter(torch.tensor([value]))
 
 
-def run_schedule(tmp_path, strategy, steps, epoch_end_at=()):
-    args = GRPOConfig(
+def sync_args(tmp_path, **sync_fields) -> GRPOConfig:
+    """A GRPOConfig that only matters for its sync fields (the callback is driven by hand, no training)."""
+    return GRPOConfig(
         output_dir=str(tmp_path),
         use_cpu=True,
         report_to="none",
         per_device_train_batch_size=8,
         sync_ref_model=True,
-        ref_model_sync_steps=3,
-        ref_model_mixup_alpha=1.0,
-        ref_model_sync_strategy=strategy,
+        **sync_fields,
     )
+
+
+def run_schedule(tmp_path, strategy, steps, epoch_end_at=()):
+    args = sync_args(tmp_path, ref_model_sync_steps=3, ref_model_mixup_alpha=1.0, ref_model_sync_strategy=strategy)
     policy, reference = Scalar(0.0), Scalar(-1.0)
     callback = SyncRefModelCallback(reference)
     state, control = TrainerState(), TrainerControl()
@@ -87,15 +90,7 @@ def _state(step):
 
 
 def test_soft_sync_uses_mixup_alpha(tmp_path):
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        report_to="none",
-        per_device_train_batch_size=8,
-        sync_ref_model=True,
-        ref_model_sync_steps=1,
-        ref_model_mixup_alpha=0.25,
-    )
+    args = sync_args(tmp_path, ref_model_sync_steps=1, ref_model_mixup_alpha=0.25)
     reference = Scalar(0.0)
     callback = SyncRefModelCallback(reference)
     callback.on_step_end(args, _state(1), TrainerControl(), model=Scalar(4.0))

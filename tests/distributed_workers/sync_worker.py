@@ -149,10 +149,51 @@ def checked_sync(callback, args, state, policy, reference, records: list, alpha:
     )
 
 
+PROMPTS = [f"What is {a} + {b}?" for a in range(4) for b in range(4)]
+
+
+def digits_reward(completions, **kwargs):  # varied rewards, so the policy moves away from the reference
+    return [sum(c.isdigit() for c in text) + 0.1 * len(text) for text in completions]
+
+
+def grpo_config(run_dir: str, zero_stage: int | None, alpha: float):
+    """The GRPO run every worker mode trains: 4 steps, τ = TAU, on 2 processes; DeepSpeed when `zero_stage` is set."""
+    from trl import GRPOConfig
+
+    extra = {}
+    if zero_stage is not None:
+        extra["deepspeed"] = {
+            "zero_optimization": {"stage": zero_stage},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto",
+            "gradient_clipping": "auto",
+        }
+    return GRPOConfig(
+        output_dir=run_dir,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        max_steps=STEPS,
+        learning_rate=5e-2,
+        beta=0.1,
+        sync_ref_model=True,
+        ref_model_sync_steps=TAU,
+        ref_model_mixup_alpha=alpha,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+        seed=0,
+        **extra,
+    )
+
+
 def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
     from datasets import Dataset
 
-    from trl import GRPOConfig, GRPOTrainer, SyncRefModelCallback
+    from trl import GRPOTrainer, SyncRefModelCallback
 
     records: list[dict] = []
 
@@ -163,44 +204,13 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
                 super(), args, state, unwrap(model), unwrap(self.ref_model), records, args.ref_model_mixup_alpha
             )
 
-    def digits_reward(completions, **kwargs):  # varied rewards, so the policy moves away from the reference
-        return [sum(c.isdigit() for c in text) + 0.1 * len(text) for text in completions]
-
-    extra = {}
-    if mode.startswith("zero"):
-        extra["deepspeed"] = {
-            "zero_optimization": {"stage": int(mode[-1])},
-            "train_micro_batch_size_per_gpu": "auto",
-            "gradient_accumulation_steps": "auto",
-            "train_batch_size": "auto",
-            "gradient_clipping": "auto",
-        }
-    args = GRPOConfig(
-        output_dir=os.path.join(out_dir, f"{mode}_run"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        max_steps=STEPS,
-        learning_rate=5e-2,
-        beta=0.1,
-        sync_ref_model=True,
-        ref_model_sync_steps=TAU,
-        ref_model_mixup_alpha=ALPHA,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        logging_steps=1,
-        seed=0,
-        **extra,
-    )
-    prompts = [f"What is {a} + {b}?" for a in range(4) for b in range(4)]
+    args = grpo_config(os.path.join(out_dir, f"{mode}_run"), int(mode[-1]) if mode.startswith("zero") else None, ALPHA)
     callback = CheckedSyncCallback(ref_model=None)
     trainer = GRPOTrainer(
         model=model_dir,
         reward_funcs=digits_reward,
         args=args,
-        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
         callbacks=[callback],
     )
     generate_saw_full_weights = []
@@ -370,42 +380,16 @@ def run_zero3_lora(model_dir: str, out_dir: str) -> dict:
     from datasets import Dataset
     from peft import LoraConfig
 
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
     from trl.trainer.ref_sync import tensor_layout
 
-    def digits_reward(completions, **kwargs):
-        return [sum(c.isdigit() for c in text) + 0.1 * len(text) for text in completions]
-
-    args = GRPOConfig(
-        output_dir=os.path.join(out_dir, "zero3_lora_run"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        max_steps=STEPS,
-        learning_rate=5e-2,
-        beta=0.1,
-        sync_ref_model=True,
-        ref_model_sync_steps=TAU,
-        ref_model_mixup_alpha=1.0,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-        deepspeed={
-            "zero_optimization": {"stage": 3},
-            "train_micro_batch_size_per_gpu": "auto",
-            "gradient_accumulation_steps": "auto",
-            "train_batch_size": "auto",
-        },
-    )
-    prompts = [f"What is {a} + {b}?" for a in range(4) for b in range(4)]
+    args = grpo_config(os.path.join(out_dir, "zero3_lora_run"), 3, 1.0)
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = GRPOTrainer(
         model=model_dir,
         reward_funcs=digits_reward,
         args=args,
-        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
         peft_config=lora,
     )
     trainer.train()
