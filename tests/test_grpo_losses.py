@@ -14,6 +14,7 @@ from trl.trainer.grpo_losses import (
     combine_rewards,
     completion_mask,
     group_advantages,
+    importance_weighted_kl,
     kl_k3,
     masked_mean,
     selective_log_softmax,
@@ -177,6 +178,41 @@ def test_kl_k3_finite_value_and_gradient_at_extreme_log_ratios(dtype):
     # d kl / d logp = −(d k3/dx) = −(e^min(x, c) − 1).
     expected_grad = torch.tensor([[-(math.exp(c) - 1), 1.0]]).to(dtype)
     torch.testing.assert_close(logp.grad, expected_grad, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=0)
+
+
+def _expected_kl_gradient(theta, ref_logp, bias_correction):
+    """Σ_y π_old(y) ∇θ[estimator(y)] at θ = θ_old: the exact expectation of the per-token KL term's gradient when
+    the token y is sampled from π_old over a small vocabulary."""
+    theta = theta.clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, dim=-1)  # log π_θ(y) for every y: (V,)
+    old_logp = logp.detach()
+    per_token = kl_k3(logp.unsqueeze(0), ref_logp.unsqueeze(0))
+    if bias_correction:
+        per_token = importance_weighted_kl(per_token, logp.unsqueeze(0), old_logp.unsqueeze(0))
+    (old_logp.exp() * per_token.squeeze(0)).sum().backward()
+    return theta.grad
+
+
+def test_importance_weighted_kl_gradient_is_the_reverse_kl_gradient():
+    torch.manual_seed(0)
+    theta, ref_logp = torch.randn(6, dtype=torch.float64), torch.log_softmax(torch.randn(6, dtype=torch.float64), -1)
+    # Analytic: KL(π_θ ‖ π_ref) = Σ π_θ (log π_θ − log π_ref); its gradient by autograd.
+    exact_theta = theta.clone().requires_grad_(True)
+    logp = torch.log_softmax(exact_theta, -1)
+    (logp.exp() * (logp - ref_logp)).sum().backward()
+    corrected = _expected_kl_gradient(theta.float(), ref_logp.float(), bias_correction=True)
+    plain = _expected_kl_gradient(theta.float(), ref_logp.float(), bias_correction=False)
+    torch.testing.assert_close(corrected.double(), exact_theta.grad, rtol=1e-5, atol=1e-6)
+    # The plain k3 gradient points elsewhere (its expectation is ∇ of a different function).
+    assert (plain.double() - exact_theta.grad).abs().max() > 0.05
+
+
+def test_importance_weighted_kl_value_is_unchanged_on_policy():
+    logp, ref = torch.randn(3, 5) - 2, torch.randn(3, 5) - 2
+    kl = kl_k3(logp, ref)
+    assert torch.equal(importance_weighted_kl(kl, logp, logp.clone()), kl)
+    old = logp - 0.5  # ρ = e^0.5 everywhere
+    torch.testing.assert_close(importance_weighted_kl(kl, logp, old), kl * math.exp(0.5))
 
 
 def test_kl_k3_is_continuous_at_the_linear_switch():

@@ -96,6 +96,10 @@ class GRPOConfig(TrainingArguments):
             `"dapo"` (over the tokens of the whole generation batch, all processes).
         mask_truncated_completions (`bool`, *optional*, defaults to `False`):
             Exclude completions that hit `max_completion_length` without an EOS token from the loss.
+        use_bias_correction_kl (`bool`, *optional*, defaults to `True`):
+            Multiply each token's k3 KL by the importance ratio π_θ/π_θ_old before adding it to the loss. Its value
+            is 1 on-policy, but its gradient makes the KL gradient the unbiased gradient of the reverse KL
+            (DeepSeek-V3.2, arXiv 2512.02556). `False` uses the plain k3 estimator, whose gradient is biased.
 
         > Parameters that control iterative GRPO (reference-model syncing)
 
@@ -171,6 +175,10 @@ class GRPOConfig(TrainingArguments):
     )
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Exclude completions without an EOS token from the loss."}
+    )
+    use_bias_correction_kl: bool = field(
+        default=True,
+        metadata={"help": "Multiply the per-token KL by the importance ratio (unbiased reverse-KL gradient)."},
     )
 
     # Iterative GRPO

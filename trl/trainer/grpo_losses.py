@@ -167,6 +167,26 @@ def kl_k3(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> t
     return (torch.expm1(x_clamped) - x + torch.exp(x_clamped) * (x - x_clamped)).clamp(min=0.0)
 
 
+def importance_weighted_kl(
+    per_token_kl: torch.Tensor, per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor
+) -> torch.Tensor:
+    """k3 KL multiplied by the importance ratio ρ = π_θ/π_θ_old, for an unbiased reverse-KL gradient.
+
+    Tokens are sampled from π_θ_old, so the k3 estimate of KL(π_θ ‖ π_ref) has to be re-weighted by ρ. On-policy ρ
+    equals 1 in value, but ∇(ρ·k3) = ρ·(∇k3 + k3·∇log π_θ), whose expectation under π_θ_old is the exact gradient of
+    KL(π_θ ‖ π_ref); the plain ∇k3 is not (DeepSeek-V3.2, arXiv 2512.02556, eq. 7).
+
+    Args:
+        per_token_kl: `(N, L)` float32 k3 values from `kl_k3` (differentiable).
+        per_token_logps: `(N, L)` policy log-probs (differentiable).
+        old_per_token_logps: `(N, L)` log-probs of the sampling policy.
+
+    Returns:
+        `(N, L)` float32 tensor.
+    """
+    return per_token_kl * torch.exp(per_token_logps.float() - old_per_token_logps.float())
+
+
 def clipped_surrogate(
     per_token_logps: torch.Tensor,
     old_per_token_logps: torch.Tensor,

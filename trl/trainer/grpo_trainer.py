@@ -49,6 +49,7 @@ from .grpo_losses import (
     completion_mask,
     group_advantages,
     group_reward_std,
+    importance_weighted_kl,
     kl_k3,
     masked_mean,
     selective_log_softmax,
@@ -722,6 +723,8 @@ class GRPOTrainer(Trainer):
         metrics = self._metrics[mode]
         if self.beta != 0.0:
             per_token_kl = kl_k3(per_token_logps, inputs["ref_per_token_logps"])
+            if self.args.use_bias_correction_kl:
+                per_token_kl = importance_weighted_kl(per_token_kl, per_token_logps, old_per_token_logps)
             per_token_loss = per_token_loss + self.beta * per_token_kl
             metrics["kl"].append(gather(masked_mean(per_token_kl.detach(), mask)).nanmean().item())
         loss = aggregate_loss(
