@@ -11,7 +11,6 @@ from trl.trainer.grpo_losses import (
     KL_LOG_RATIO_LINEAR_FROM,
     aggregate_loss,
     clipped_surrogate,
-    combine_rewards,
     completion_mask,
     group_advantages,
     kl_k3,
@@ -22,18 +21,6 @@ from trl.trainer.grpo_losses import (
 
 def exact(values, dtype=torch.float32):
     return torch.tensor(values, dtype=torch.float64).to(dtype)
-
-
-# ---------------------------------------------------------------- combine_rewards
-
-
-def test_combine_rewards_weights_and_nan():
-    nan = float("nan")
-    per_func = torch.tensor([[1.0, nan], [nan, nan], [0.5, 2.0], [nan, -4.0]])
-    rewards, valid = combine_rewards(per_func, torch.tensor([2.0, 0.5]))
-    # nansum: a None (NaN) counts as 0; a row where every function gave None is invalid.
-    assert torch.equal(rewards, torch.tensor([2.0, 0.0, 1.0 + 1.0, -2.0]))
-    assert torch.equal(valid, torch.tensor([True, False, True, True]))
 
 
 # ---------------------------------------------------------------- group_advantages
