@@ -15,6 +15,7 @@ from trl.trainer.grpo_losses import (
     group_advantages,
     kl_k3,
     masked_mean,
+    pad_to_multiple,
     selective_log_softmax,
 )
 
@@ -304,3 +305,13 @@ def test_masked_mean():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert masked_mean(values, mask).item() == 2.0
     assert masked_mean(values, torch.zeros_like(mask)).item() == 0.0
+
+
+# ---------------------------------------------------------------- pad_to_multiple
+
+
+def test_pad_to_multiple():
+    ids = torch.tensor([[5, 6, 7], [8, 9, 1]])
+    assert torch.equal(pad_to_multiple(ids, 4, 0, side="left"), torch.tensor([[0, 5, 6, 7], [0, 8, 9, 1]]))
+    assert torch.equal(pad_to_multiple(ids, 2, -1), torch.tensor([[5, 6, 7, -1], [8, 9, 1, -1]]))
+    assert pad_to_multiple(ids, 3, 0) is ids and pad_to_multiple(ids, None, 0) is ids
