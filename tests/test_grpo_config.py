@@ -205,3 +205,8 @@ def test_pad_to_multiple_of_values(base, value, expected):
 def test_vllm_fields_are_accepted_while_vllm_is_off(base):
     args = GRPOConfig(**base, vllm_mode="server", vllm_gpu_memory_utilization=0.5, log_multimodal=False)
     assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (False, "server", 0.5)
+
+
+def test_chat_template_kwargs_from_a_json_string(base):  # as the command line passes it
+    args = GRPOConfig(**base, chat_template_kwargs='{"enable_thinking": false}')
+    assert args.chat_template_kwargs == {"enable_thinking": False}

@@ -158,6 +158,12 @@ class GRPOConfig(TrainingArguments):
         `vllm_importance_sampling_cap` (`None`).
     """
 
+    # Dict fields that also accept a JSON string (from the command line); TrainingArguments parses them.
+    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
+        "chat_template_kwargs",
+        "transformers_continuous_batching_config",
+    ]
+
     # Model
     model_init_kwargs: dict[str, Any] | str | None = field(
         default=None,
@@ -204,7 +210,7 @@ class GRPOConfig(TrainingArguments):
     generation_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Extra GenerationConfig keyword arguments (override the fields above)."}
     )
-    chat_template_kwargs: dict[str, Any] | None = field(
+    chat_template_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata={"help": "Extra apply_chat_template keyword arguments, e.g. enable_thinking."}
     )
 
@@ -289,7 +295,7 @@ class GRPOConfig(TrainingArguments):
         default=None, metadata={"help": "Deprecated in TRL; only used with use_vllm (not supported)."}
     )
     use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported."})
-    transformers_continuous_batching_config: dict[str, Any] | None = field(
+    transformers_continuous_batching_config: dict[str, Any] | str | None = field(
         default=None, metadata={"help": "Not supported (continuous batching)."}
     )
     use_transformers_paged: bool = field(default=False, metadata={"help": "Deprecated in TRL; not supported."})
