@@ -2,8 +2,8 @@
 """`GRPOTrainer`: Group Relative Policy Optimization (arXiv 2402.03300) with iterative reference-model syncing.
 
 The trainer orchestrates one step as data: prompts → G completions each → rewards → group advantages →
-policy/old/reference log-probs → clipped loss with a KL penalty. The maths lives in `grpo_losses`, the reference
-syncing in `ref_sync` and `callbacks`.
+policy/old/reference log-probs → clipped loss with a KL penalty. The maths lives in `grpo_losses`, the reward
+pipeline in `grpo_rewards`, the reference syncing in `ref_sync` and `callbacks`.
 """
 
 import json
