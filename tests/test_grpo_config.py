@@ -106,6 +106,35 @@ INVALID = [
     (dict(num_iterations=0), "num_iterations must be at least 1 (got 0)."),
     (dict(max_completion_length=0), "max_completion_length must be at least 1 (got 0)."),
     (dict(reward_weights=[]), "reward_weights must be None or a non-empty list."),
+    (
+        dict(multi_objective_aggregation="mean"),
+        "multi_objective_aggregation must be one of sum_then_normalize, normalize_then_sum (got 'mean').",
+    ),
+    (dict(num_generations_eval=0), "num_generations_eval must be at least 1 or None (got 0)."),
+    (dict(pad_to_multiple_of=0), "pad_to_multiple_of must be at least 1 or None (got 0)."),
+    (
+        dict(use_vllm=True),
+        "use_vllm=True asks for vLLM generation, which this package does not support (completions are generated "
+        "with transformers' `generate`): set it to False.",
+    ),
+    (
+        dict(use_transformers_continuous_batching=True),
+        "use_transformers_continuous_batching=True asks for continuous batching, which this package does not support",
+    ),
+    (dict(use_transformers_paged=True), "use_transformers_paged=True asks for continuous batching (deprecated TRL"),
+    (
+        dict(transformers_continuous_batching_config={}),
+        "transformers_continuous_batching_config={} asks for continuous batching, which this package does not",
+    ),
+    (
+        dict(max_tool_calling_iterations=3),
+        "max_tool_calling_iterations=3 asks for tool calling, which this package does not support (completions are "
+        "generated with transformers' `generate`): leave it None.",
+    ),
+    (
+        dict(log_completions_hub_repo="me/completions"),
+        "log_completions_hub_repo='me/completions' asks for uploading completions to the Hub, which this package",
+    ),
 ]
 
 
@@ -126,3 +155,58 @@ def test_all_errors_are_reported_together(base):
     assert message.count("\n- ") == 3
     for piece in ("ref_model_mixup_alpha", "ref_model_sync_steps", "loss_type"):
         assert piece in message
+
+
+# TRL 1.16.0's defaults (read from its GRPOConfig) for the fields added for compatibility.
+TRL_DEFAULTS = dict(
+    trust_remote_code=False,
+    num_generations_eval=None,
+    chat_template_kwargs=None,
+    multi_objective_aggregation="sum_then_normalize",
+    log_unique_prompts=False,
+    log_multimodal=True,
+    use_vllm=False,
+    vllm_mode="colocate",
+    vllm_model_impl="vllm",
+    vllm_enable_sleep_mode=False,
+    vllm_structured_outputs_regex=None,
+    vllm_server_base_url=None,
+    vllm_server_host="0.0.0.0",
+    vllm_server_port=8000,
+    vllm_server_timeout=240.0,
+    vllm_group_port=51216,
+    vllm_gpu_memory_utilization=0.3,
+    vllm_max_model_length=None,
+    vllm_tensor_parallel_size=1,
+    vllm_importance_sampling_correction=True,
+    vllm_importance_sampling_mode="sequence_mask",
+    vllm_importance_sampling_clip_max=3.0,
+    vllm_importance_sampling_clip_min=None,
+    vllm_importance_sampling_cap=None,
+    use_transformers_continuous_batching=False,
+    transformers_continuous_batching_config=None,
+    use_transformers_paged=False,
+    max_tool_calling_iterations=None,
+    log_completions_hub_repo=None,
+)
+
+
+def test_trl_compatibility_fields_have_trl_defaults(base):
+    args = GRPOConfig(**base)
+    assert {name: getattr(args, name) for name in TRL_DEFAULTS} == TRL_DEFAULTS
+    assert args.pad_to_multiple_of is None  # "auto" resolves to None off AWS Neuron
+
+
+@pytest.mark.parametrize("value, expected", [("auto", None), ("none", None), ("null", None), ("16", 16), (8, 8)])
+def test_pad_to_multiple_of_values(base, value, expected):
+    assert GRPOConfig(**base, pad_to_multiple_of=value).pad_to_multiple_of == expected
+
+
+def test_vllm_fields_are_accepted_while_vllm_is_off(base):
+    args = GRPOConfig(**base, vllm_mode="server", vllm_gpu_memory_utilization=0.5, log_multimodal=False)
+    assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (False, "server", 0.5)
+
+
+def test_chat_template_kwargs_from_a_json_string(base):  # as the command line passes it
+    args = GRPOConfig(**base, chat_template_kwargs='{"enable_thinking": false}')
+    assert args.chat_template_kwargs == {"enable_thinking": False}

@@ -11,30 +11,18 @@ from trl.trainer.grpo_losses import (
     KL_LOG_RATIO_LINEAR_FROM,
     aggregate_loss,
     clipped_surrogate,
-    combine_rewards,
     completion_mask,
     group_advantages,
     importance_weighted_kl,
     kl_k3,
     masked_mean,
+    pad_to_multiple,
     selective_log_softmax,
 )
 
 
 def exact(values, dtype=torch.float32):
     return torch.tensor(values, dtype=torch.float64).to(dtype)
-
-
-# ---------------------------------------------------------------- combine_rewards
-
-
-def test_combine_rewards_weights_and_nan():
-    nan = float("nan")
-    per_func = torch.tensor([[1.0, nan], [nan, nan], [0.5, 2.0], [nan, -4.0]])
-    rewards, valid = combine_rewards(per_func, torch.tensor([2.0, 0.5]))
-    # nansum: a None (NaN) counts as 0; a row where every function gave None is invalid.
-    assert torch.equal(rewards, torch.tensor([2.0, 0.0, 1.0 + 1.0, -2.0]))
-    assert torch.equal(valid, torch.tensor([True, False, True, True]))
 
 
 # ---------------------------------------------------------------- group_advantages
@@ -353,3 +341,13 @@ def test_masked_mean():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert masked_mean(values, mask).item() == 2.0
     assert masked_mean(values, torch.zeros_like(mask)).item() == 0.0
+
+
+# ---------------------------------------------------------------- pad_to_multiple
+
+
+def test_pad_to_multiple():
+    ids = torch.tensor([[5, 6, 7], [8, 9, 1]])
+    assert torch.equal(pad_to_multiple(ids, 4, 0, side="left"), torch.tensor([[0, 5, 6, 7], [0, 8, 9, 1]]))
+    assert torch.equal(pad_to_multiple(ids, 2, -1), torch.tensor([[5, 6, 7, -1], [8, 9, 1, -1]]))
+    assert pad_to_multiple(ids, 3, 0) is ids and pad_to_multiple(ids, None, 0) is ids

@@ -489,7 +489,9 @@ def test_evaluate_reports_eval_metrics(tiny_lm_path, arithmetic_dataset, grpo_kw
 def test_eval_batch_not_divisible_by_num_generations_raises(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     args = GRPOConfig(**{**grpo_kwargs, "per_device_eval_batch_size": 6})
     with pytest.raises(
-        ValueError, match=r"global eval batch \(6 × 1 processes\) must be divisible by num_generations \(4\)"
+        ValueError,
+        match=r"global eval batch \(6 × 1 processes\) must be divisible by num_generations_eval \(4; when unset, "
+        r"num_generations\)",
     ):
         GRPOTrainer(
             tiny_lm_path,

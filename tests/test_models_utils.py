@@ -37,6 +37,26 @@ def test_disable_dropout_in_model():
     assert torch.equal(model(x), model(x))
 
 
-def test_create_reference_model_refuses_layer_sharing():
-    with pytest.raises(NotImplementedError, match="does not share layers with the policy"):
-        create_reference_model(torch.nn.Linear(2, 2), num_shared_layers=1)
+@pytest.mark.parametrize("pattern", [None, "model.layers.{layer}"])
+def test_create_reference_model_shares_the_first_layers(tiny_lm_path, pattern):
+    policy = AutoModelForCausalLM.from_pretrained(tiny_lm_path).train()
+    reference = create_reference_model(policy, num_shared_layers=1, pattern=pattern)
+    pol, ref = dict(policy.named_parameters()), dict(reference.named_parameters())
+    names = list(pol)
+    first_unshared = names.index(next(n for n in names if n.startswith("model.layers.1.")))
+    shared, unshared = names[:first_unshared], names[first_unshared:]
+    assert shared[0] == "model.embed_tokens.weight" and any(n.startswith("model.layers.0.") for n in shared)
+    for name in shared:  # same storage, frozen in both models
+        assert ref[name].data_ptr() == pol[name].data_ptr(), name
+        assert not pol[name].requires_grad and not ref[name].requires_grad
+    for name in unshared:  # a separate frozen copy; the policy keeps training these
+        assert ref[name].data_ptr() != pol[name].data_ptr() and torch.equal(ref[name], pol[name]), name
+        assert pol[name].requires_grad and not ref[name].requires_grad
+    assert not reference.training
+
+
+def test_create_reference_model_without_a_matching_layer_pattern_raises():
+    with pytest.raises(ValueError, match=r"No parameter name contains 'h.2', so the first 2 layers cannot be shared"):
+        create_reference_model(nn.Sequential(nn.Linear(2, 2)), num_shared_layers=2, pattern="h.{layer}")
+    with pytest.raises(ValueError, match=r"No parameter name contains 'transformer.h.1' or 'model.decoder.layers.1'"):
+        create_reference_model(nn.Sequential(nn.Linear(2, 2)), num_shared_layers=1)

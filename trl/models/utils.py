@@ -8,13 +8,27 @@ from contextlib import contextmanager
 from torch import nn
 
 
+# Where the transformer blocks of common architectures live; `{layer}` is the block index.
+LAYER_PATTERNS = (
+    "transformer.h.{layer}",
+    "model.decoder.layers.{layer}",
+    "gpt_neox.layers.{layer}",
+    "model.layers.{layer}",
+)
+
+
 def create_reference_model(
     model: nn.Module, num_shared_layers: int | None = None, pattern: str | None = None
 ) -> nn.Module:
-    """A frozen copy of `model` to serve as the reference model π_ref.
+    """A frozen copy of `model` to serve as the reference model π_ref, optionally sharing its first layers.
 
     The copy has the same parameter names, shapes, dtypes and devices, is in eval mode, and none of its parameters
     requires a gradient (so it can never enter an optimizer).
+
+    With `num_shared_layers=k`, every parameter that comes before the first parameter of block k (the embeddings
+    and blocks 0 … k−1) is shared: the reference points at the policy's storage (no second copy in memory), and
+    the policy's own copies are frozen, so both stay at their initial values. The rest of the copy is a separate,
+    frozen copy. A reference sync leaves shared tensors as they are (mixing a tensor with itself).
 
     A DeepSpeed ZeRO-3 model is partitioned as it is loaded (each rank holds one slice of every parameter) and
     cannot be deep-copied; its reference is loaded again from `model.config._name_or_path`, with the same config
@@ -23,22 +37,25 @@ def create_reference_model(
 
     Args:
         model: a `transformers.PreTrainedModel` (or any `nn.Module`), not wrapped by DDP/DeepSpeed.
-        num_shared_layers, pattern: TRL's layer sharing between policy and reference. Not supported: a reference
-            that shares layers with the policy would move with it and could not be synced.
+        num_shared_layers: number of leading blocks to share with the policy (and freeze in it); `None` shares
+            nothing.
+        pattern: name prefix of a block with a `{layer}` placeholder, e.g. `"transformer.h.{layer}"`; found among
+            `LAYER_PATTERNS` when `None`. Only used with `num_shared_layers`.
 
     Returns:
         The reference model.
 
     Raises:
-        NotImplementedError: if `num_shared_layers` or `pattern` is given.
-        ValueError: if `model` is ZeRO-3 partitioned and has no `config._name_or_path` to load from.
+        ValueError: if `model` is ZeRO-3 partitioned and has no `config._name_or_path` to load from, if layers are
+            to be shared with a ZeRO-3 partitioned model, or if no parameter name contains the block pattern.
     """
-    if num_shared_layers is not None or pattern is not None:
-        raise NotImplementedError(
-            "create_reference_model does not share layers with the policy (num_shared_layers/pattern): a shared layer "
-            "would train with the policy and could not be synced. Leave both unset."
+    partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
+    if partitioned and num_shared_layers is not None:
+        raise ValueError(
+            "create_reference_model cannot share layers (num_shared_layers) with a ZeRO-3 partitioned model: leave "
+            "num_shared_layers unset."
         )
-    if any(hasattr(p, "ds_id") for p in model.parameters()):
+    if partitioned:
         path = getattr(getattr(model, "config", None), "_name_or_path", None)
         if not path or not hasattr(type(model), "from_pretrained"):
             raise ValueError(
@@ -50,7 +67,29 @@ def create_reference_model(
         reference = copy.deepcopy(model)
     for parameter in reference.parameters():
         parameter.requires_grad_(False)
+    if num_shared_layers is not None:
+        _share_leading_parameters(model, reference, num_shared_layers, pattern)
     return reference.eval()
+
+
+def _share_leading_parameters(model: nn.Module, reference: nn.Module, num_shared_layers: int, pattern: str | None):
+    """Point `reference`'s parameters before block `num_shared_layers` at `model`'s storage and freeze them in
+    `model` (see `create_reference_model`)."""
+    names = [name for name, _ in model.named_parameters()]
+    candidates = [pattern] if pattern is not None else LAYER_PATTERNS
+    first_unshared = next(
+        (name for c in candidates for name in names if c.format(layer=num_shared_layers) in name), None
+    )
+    if first_unshared is None:
+        tried = " or ".join(repr(c.format(layer=num_shared_layers)) for c in candidates)
+        raise ValueError(
+            f"No parameter name contains {tried}, so the first {num_shared_layers} layers cannot be shared: pass "
+            "`pattern`, the name prefix of a block with a `{layer}` placeholder, e.g. 'transformer.h.{layer}'."
+        )
+    for name in names[: names.index(first_unshared)]:
+        shared = model.get_parameter(name)
+        shared.requires_grad_(False)
+        reference.get_parameter(name).data = shared.data
 
 
 def disable_dropout_in_model(model: nn.Module) -> None:

@@ -28,9 +28,6 @@ class ModelConfig:
     attn_implementation: str | None = field(
         default=None, metadata={"help": "e.g. 'sdpa', 'eager', 'flash_attention_2'."}
     )
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow custom modelling code from the model folder."}
-    )
     use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
@@ -74,7 +71,7 @@ def main(argv: list[str] | None = None) -> GRPOTrainer:
         "flags given on the command line override it.",
     )
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
-    model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": model_args.trust_remote_code}
+    model_init_kwargs = {"revision": model_args.model_revision}  # trust_remote_code is a GRPOConfig field, as in TRL
     for key in ("dtype", "attn_implementation"):
         if getattr(model_args, key) is not None:
             model_init_kwargs[key] = getattr(model_args, key)

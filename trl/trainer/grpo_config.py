@@ -10,6 +10,7 @@ from transformers import TrainingArguments
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 SYNC_STRATEGIES = ("steps", "epoch")
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 @dataclass
@@ -28,6 +29,9 @@ class GRPOConfig(TrainingArguments):
         model_init_kwargs (`dict[str, Any]` or `None`, *optional*):
             Keyword arguments for [`~transformers.AutoModelForCausalLM.from_pretrained`], used when `model` is given
             to [`GRPOTrainer`] as a path. `"dtype"` may be a string such as `"bfloat16"` or `"auto"`.
+        trust_remote_code (`bool`, *optional*, defaults to `False`):
+            Allow models and tokenizers whose repository ships its own Python code. Applies to everything the
+            trainer loads from a path: the policy, its tokenizer, reward models and their tokenizers.
         disable_dropout (`bool`, *optional*, defaults to `False`):
             Set every dropout probability of the policy (and reference) model to zero, so that the log-probabilities
             seen when sampling and when training agree.
@@ -42,6 +46,10 @@ class GRPOConfig(TrainingArguments):
             Number of completions sampled per prompt (the group size G of arXiv 2402.03300). Must be at least 2.
             The global generation batch (`per_device_train_batch_size × num_processes × steps_per_generation`)
             must be divisible by it.
+        num_generations_eval (`int` or `None`, *optional*):
+            Group size for evaluation (1 is allowed: every completion is then its own group, with advantage 0 and
+            reward std 0). `None` uses `num_generations`. The global eval batch (`per_device_eval_batch_size ×
+            num_processes`) must be divisible by it.
         max_completion_length (`int`, *optional*, defaults to `256`):
             Maximum number of tokens per completion.
         shuffle_dataset (`bool`, *optional*, defaults to `True`):
@@ -55,6 +63,10 @@ class GRPOConfig(TrainingArguments):
         ds3_gather_for_generation (`bool`, *optional*, defaults to `True`):
             Under DeepSpeed ZeRO-3, gather the policy weights once for generation (fast) instead of generating
             with partitioned weights (slow, but fits models larger than one device).
+        pad_to_multiple_of (`int`, `str` or `None`, *optional*, defaults to `"auto"`):
+            Pad the prompt ids (on the left) and the completion ids (on the right) to a multiple of this many tokens;
+            the padding is masked out. `"auto"` pads to multiples of 128 on AWS Neuron devices (which compile once
+            per shape) and not at all elsewhere; `None` never pads.
 
         > Parameters that control sampling
 
@@ -70,6 +82,9 @@ class GRPOConfig(TrainingArguments):
             Penalty for repeated tokens; `1.0` disables it.
         generation_kwargs (`dict[str, Any]` or `None`, *optional*):
             Extra keyword arguments for [`~transformers.GenerationConfig`]; they override the fields above.
+        chat_template_kwargs (`dict[str, Any]` or `None`, *optional*):
+            Extra keyword arguments for `apply_chat_template` when conversational prompts are rendered (for the
+            policy and for reward models), e.g. `{"enable_thinking": False}`.
 
         > Parameters that control the loss
 
@@ -87,6 +102,12 @@ class GRPOConfig(TrainingArguments):
             Upper clipping range (DAPO's clip-higher, arXiv 2503.14476). Defaults to `epsilon`.
         reward_weights (`list[float]` or `None`, *optional*):
             One weight per reward function; all `1.0` by default.
+        multi_objective_aggregation (`str`, *optional*, defaults to `"sum_then_normalize"`):
+            How several rewards become one advantage. `"sum_then_normalize"`: take the weighted sum of the rewards,
+            then normalise it within each group as `scale_rewards` says. `"normalize_then_sum"` (GDPO,
+            arXiv 2601.05242): normalise each reward within its group first, take the weighted sum, then normalise
+            that over the whole batch (`scale_rewards` is then not used). The logged `reward` is the weighted sum of
+            the raw rewards in both cases.
         scale_rewards (`str` or `bool`, *optional*, defaults to `"group"`):
             Divide centred rewards by the group's standard deviation (`"group"`), by the whole batch's (`"batch"`)
             or not at all (`"none"`, Dr. GRPO, arXiv 2503.20783). `True`/`False` mean `"group"`/`"none"`.
@@ -120,12 +141,40 @@ class GRPOConfig(TrainingArguments):
             Print a table of prompts, completions and rewards every `logging_steps` steps.
         num_completions_to_print (`int` or `None`, *optional*, defaults to `4`):
             Rows of that table; `None` prints all.
+        log_unique_prompts (`bool`, *optional*, defaults to `False`):
+            Keep only the first completion of each prompt in the completions table.
+        log_multimodal (`bool`, *optional*, defaults to `True`):
+            Accepted for TRL compatibility. Only text models are supported, so there are no images to log.
+
+        > Parameters of TRL features this package does not support
+
+        These exist so that TRL configurations load unchanged. vLLM generation, transformers' continuous batching,
+        tool calling and uploading completions to the Hub are not implemented: switching one on (`use_vllm=True`,
+        `use_transformers_continuous_batching=True`, the deprecated `use_transformers_paged=True`, or setting
+        `transformers_continuous_batching_config`, `max_tool_calling_iterations` or `log_completions_hub_repo`)
+        raises a `ValueError`. The other fields only matter when vLLM is on and keep TRL's defaults:
+        `vllm_mode` (`"colocate"`), `vllm_model_impl` (`"vllm"`), `vllm_enable_sleep_mode` (`False`),
+        `vllm_structured_outputs_regex` (`None`), `vllm_server_base_url` (`None`), `vllm_server_host`
+        (`"0.0.0.0"`), `vllm_server_port` (`8000`), `vllm_server_timeout` (`240.0`), `vllm_group_port` (`51216`),
+        `vllm_gpu_memory_utilization` (`0.3`), `vllm_max_model_length` (`None`), `vllm_tensor_parallel_size` (`1`),
+        `vllm_importance_sampling_correction` (`True`), `vllm_importance_sampling_mode` (`"sequence_mask"`),
+        `vllm_importance_sampling_clip_max` (`3.0`), `vllm_importance_sampling_clip_min` (`None`) and the deprecated
+        `vllm_importance_sampling_cap` (`None`).
     """
+
+    # Dict fields that also accept a JSON string (from the command line); TrainingArguments parses them.
+    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
+        "chat_template_kwargs",
+        "transformers_continuous_batching_config",
+    ]
 
     # Model
     model_init_kwargs: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments for AutoModelForCausalLM.from_pretrained when `model` is a path."},
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow models and tokenizers that ship their own code (all loads)."}
     )
     disable_dropout: bool = field(default=False, metadata={"help": "Set all dropout probabilities to zero."})
 
@@ -137,6 +186,9 @@ class GRPOConfig(TrainingArguments):
         default=512, metadata={"help": "Keep the last `max_prompt_length` prompt tokens; None keeps all."}
     )
     num_generations: int = field(default=8, metadata={"help": "Completions sampled per prompt (group size G)."})
+    num_generations_eval: int | None = field(
+        default=None, metadata={"help": "Group size for evaluation (1 allowed); None uses num_generations."}
+    )
     max_completion_length: int = field(default=256, metadata={"help": "Maximum tokens per completion."})
     shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the training prompts."})
     steps_per_generation: int | None = field(
@@ -148,6 +200,10 @@ class GRPOConfig(TrainingArguments):
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Under ZeRO-3, gather the policy weights for generation."}
     )
+    pad_to_multiple_of: int | str | None = field(
+        default="auto",
+        metadata={"help": "Pad prompt and completion ids to a multiple of this; 'auto': 128 on Neuron, else none."},
+    )
 
     # Sampling
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
@@ -158,6 +214,9 @@ class GRPOConfig(TrainingArguments):
     generation_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Extra GenerationConfig keyword arguments (override the fields above)."}
     )
+    chat_template_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata={"help": "Extra apply_chat_template keyword arguments, e.g. enable_thinking."}
+    )
 
     # Loss
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate."})
@@ -166,6 +225,13 @@ class GRPOConfig(TrainingArguments):
     epsilon: float = field(default=0.2, metadata={"help": "Lower (and default upper) clipping range."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range; defaults to epsilon."})
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
+    multi_objective_aggregation: str = field(
+        default="sum_then_normalize",
+        metadata={
+            "help": "'sum_then_normalize' or 'normalize_then_sum' (GDPO: normalise each reward per group first).",
+            "choices": MULTI_OBJECTIVE_AGGREGATIONS,
+        },
+    )
     scale_rewards: str = field(
         default="group", metadata={"help": "Reward scaling: 'group', 'batch' or 'none'.", "choices": SCALE_REWARDS}
     )
@@ -196,11 +262,63 @@ class GRPOConfig(TrainingArguments):
     # Logging
     log_completions: bool = field(default=False, metadata={"help": "Print sample completions when logging."})
     num_completions_to_print: int | None = field(default=4, metadata={"help": "Rows of the completions table."})
+    log_unique_prompts: bool = field(default=False, metadata={"help": "One row per prompt in the completions table."})
+    log_multimodal: bool = field(default=True, metadata={"help": "TRL compatibility; text-only here (no effect)."})
+
+    # TRL features this package does not support: accepted with TRL's defaults, a ValueError when switched on.
+    use_vllm: bool = field(default=False, metadata={"help": "Not supported (generation uses `generate`)."})
+    vllm_mode: str = field(default="colocate", metadata={"help": "Only used with use_vllm (not supported)."})
+    vllm_model_impl: str = field(default="vllm", metadata={"help": "Only used with use_vllm (not supported)."})
+    vllm_enable_sleep_mode: bool = field(default=False, metadata={"help": "Only used with use_vllm (not supported)."})
+    vllm_structured_outputs_regex: str | None = field(
+        default=None, metadata={"help": "Only used with use_vllm (not supported)."}
+    )
+    vllm_server_base_url: str | None = field(
+        default=None, metadata={"help": "Only used with use_vllm (not supported)."}
+    )
+    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Only used with use_vllm (not supported)."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "Only used with use_vllm (not supported)."})
+    vllm_server_timeout: float = field(default=240.0, metadata={"help": "Only used with use_vllm (not supported)."})
+    vllm_group_port: int = field(default=51216, metadata={"help": "Only used with use_vllm (not supported)."})
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Only used with use_vllm (not supported)."}
+    )
+    vllm_max_model_length: int | None = field(
+        default=None, metadata={"help": "Only used with use_vllm (not supported)."}
+    )
+    vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "Only used with use_vllm (not supported)."})
+    vllm_importance_sampling_correction: bool = field(
+        default=True, metadata={"help": "Only used with use_vllm (not supported)."}
+    )
+    vllm_importance_sampling_mode: str = field(
+        default="sequence_mask", metadata={"help": "Only used with use_vllm (not supported)."}
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0, metadata={"help": "Only used with use_vllm (not supported)."}
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None, metadata={"help": "Only used with use_vllm (not supported)."}
+    )
+    vllm_importance_sampling_cap: float | None = field(
+        default=None, metadata={"help": "Deprecated in TRL; only used with use_vllm (not supported)."}
+    )
+    use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported."})
+    transformers_continuous_batching_config: dict[str, Any] | str | None = field(
+        default=None, metadata={"help": "Not supported (continuous batching)."}
+    )
+    use_transformers_paged: bool = field(default=False, metadata={"help": "Deprecated in TRL; not supported."})
+    max_tool_calling_iterations: int | None = field(default=None, metadata={"help": "Not supported (tool calling)."})
+    log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Not supported (Hub upload)."})
 
     def __post_init__(self):
         if isinstance(self.scale_rewards, bool):
             self.scale_rewards = "group" if self.scale_rewards else "none"
         super().__post_init__()
+        if isinstance(self.pad_to_multiple_of, str) and self.pad_to_multiple_of != "auto":  # from the command line
+            value = self.pad_to_multiple_of.lower()
+            self.pad_to_multiple_of = None if value in ("none", "null") else int(value)
+        if self.pad_to_multiple_of == "auto":  # Neuron compiles once per shape: bound the number of shapes
+            self.pad_to_multiple_of = 128 if self.device.type == "neuron" else None
 
         errors = []
         if self.num_generations < 2:
@@ -240,6 +358,16 @@ class GRPOConfig(TrainingArguments):
             )
         if self.reward_weights is not None and len(self.reward_weights) == 0:
             errors.append("reward_weights must be None or a non-empty list.")
+        if self.multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
+            errors.append(
+                f"multi_objective_aggregation must be one of {', '.join(MULTI_OBJECTIVE_AGGREGATIONS)} "
+                f"(got {self.multi_objective_aggregation!r})."
+            )
+        if self.num_generations_eval is not None and self.num_generations_eval < 1:
+            errors.append(f"num_generations_eval must be at least 1 or None (got {self.num_generations_eval}).")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            errors.append(f"pad_to_multiple_of must be at least 1 or None (got {self.pad_to_multiple_of}).")
+        errors += unsupported_feature_errors(self)
 
         num_processes = self.world_size
         local_batch = self.per_device_train_batch_size * num_processes
@@ -267,3 +395,28 @@ class GRPOConfig(TrainingArguments):
             )
         if errors:
             raise ValueError("Invalid GRPOConfig:\n- " + "\n- ".join(errors))
+
+
+def unsupported_feature_errors(args: GRPOConfig) -> list[str]:
+    """One message per TRL feature that `args` switches on but this package does not implement."""
+    features = {  # field: (switched on, the feature)
+        "use_vllm": (args.use_vllm, "vLLM generation"),
+        "use_transformers_continuous_batching": (args.use_transformers_continuous_batching, "continuous batching"),
+        "use_transformers_paged": (args.use_transformers_paged, "continuous batching (deprecated TRL name)"),
+        "transformers_continuous_batching_config": (
+            args.transformers_continuous_batching_config is not None,
+            "continuous batching",
+        ),
+        "max_tool_calling_iterations": (args.max_tool_calling_iterations is not None, "tool calling"),
+        "log_completions_hub_repo": (args.log_completions_hub_repo is not None, "uploading completions to the Hub"),
+    }
+    errors = []
+    for name, (on, feature) in features.items():
+        value = getattr(args, name)
+        if on:
+            fix = "set it to False" if isinstance(value, bool) else "leave it None"
+            errors.append(
+                f"{name}={value!r} asks for {feature}, which this package does not support (completions are "
+                f"generated with transformers' `generate`): {fix}."
+            )
+    return errors

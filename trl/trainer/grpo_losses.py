@@ -14,22 +14,6 @@ KL_LOG_RATIO_LINEAR_FROM = 20.0
 ADVANTAGE_STD_EPS = 1e-4
 
 
-def combine_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted sum of several reward functions, skipping the ones that returned `None` (stored as NaN).
-
-    Args:
-        rewards_per_func: `(N, F)` float tensor, one column per reward function; NaN where a function gave `None`.
-        reward_weights: `(F,)` float tensor.
-
-    Returns:
-        `(rewards, valid)`: `(N,)` float rewards (NaN entries count as 0) and an `(N,)` bool mask that is `False`
-        where *every* function returned `None`: such completions are left out of their group's statistics.
-    """
-    valid = ~torch.isnan(rewards_per_func).all(dim=1)
-    rewards = torch.nansum(rewards_per_func * reward_weights.to(rewards_per_func).unsqueeze(0), dim=1)
-    return rewards, valid
-
-
 def group_reward_std(rewards: torch.Tensor, num_generations: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Sample (Bessel-corrected) standard deviation of each group's valid rewards; 0 with fewer than two.
 
@@ -124,6 +108,23 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | list[int])
     )
     positions = torch.arange(length, device=completion_ids.device).unsqueeze(0)
     return (positions <= first_eos.unsqueeze(1)).long()
+
+
+def pad_to_multiple(tensor: torch.Tensor, multiple: int | None, value: int, side: str = "right") -> torch.Tensor:
+    """Pad the last dimension of `tensor` with `value` on `side` (`"left"` or `"right"`) to a multiple of `multiple`.
+
+    Args:
+        tensor: `(N, L)` tensor (ids or a mask).
+        multiple: the multiple; `None` returns `tensor` unchanged.
+        value: the fill value (the pad token id for ids, 0 for masks).
+
+    Returns:
+        `(N, L')` tensor, L' the smallest multiple of `multiple` that is at least L.
+    """
+    extra = -tensor.size(-1) % multiple if multiple else 0
+    if extra == 0:
+        return tensor
+    return torch.nn.functional.pad(tensor, (extra, 0) if side == "left" else (0, extra), value=value)
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, max_chunk_bytes: int = 2**28) -> torch.Tensor:

@@ -2,14 +2,14 @@
 """`GRPOTrainer`: Group Relative Policy Optimization (arXiv 2402.03300) with iterative reference-model syncing.
 
 The trainer orchestrates one step as data: prompts → G completions each → rewards → group advantages →
-policy/old/reference log-probs → clipped loss with a KL penalty. The maths lives in `grpo_losses`, the reference
-syncing in `ref_sync` and `callbacks`.
+policy/old/reference log-probs → clipped loss with a KL penalty. The maths lives in `grpo_losses`, the reward
+pipeline in `grpo_rewards`, the reference syncing in `ref_sync` and `callbacks`.
 """
 
 import json
 import os
 from collections import defaultdict
-from collections.abc import Callable, Sized
+from collections.abc import Sized
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,7 +22,6 @@ from torch import nn
 from torch.utils.data import Sampler
 from transformers import (
     AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
     AutoTokenizer,
     GenerationConfig,
     PreTrainedModel,
@@ -45,14 +44,24 @@ from .grpo_config import GRPOConfig
 from .grpo_losses import (
     aggregate_loss,
     clipped_surrogate,
-    combine_rewards,
     completion_mask,
-    group_advantages,
     group_reward_std,
     importance_weighted_kl,
     kl_k3,
     masked_mean,
+    pad_to_multiple,
     selective_log_softmax,
+)
+from .grpo_rewards import (
+    RewardEventLoop,
+    RewardFunc,
+    RewardLogHooks,
+    aggregate_rewards,
+    call_reward_funcs,
+    completions_table,
+    is_async_reward_func,
+    load_reward_funcs,
+    reward_metrics,
 )
 from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter, gathered_tensor, named_float_tensors
 
@@ -63,9 +72,6 @@ REF_MODEL_FILE = "ref_model.safetensors"  # full fine-tuning: the synced referen
 REF_ADAPTER_FILE = "ref_adapter.safetensors"  # PEFT: the reference adapter's tensors
 REF_SYNC_STATE_FILE = "ref_sync_state.json"  # sync counters
 GENERATION_BUFFER_FILE = "generation_buffer_rank{rank}.pt"  # the rest of a generation batch cut by a checkpoint
-
-
-RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 
 
 class RepeatSampler(Sampler):
@@ -140,6 +146,7 @@ def _identity(features):
 def _model_init_kwargs(args: GRPOConfig) -> dict[str, Any]:
     kwargs = args.model_init_kwargs or {}
     kwargs = dict(json.loads(kwargs) if isinstance(kwargs, str) else kwargs)
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
     dtype = kwargs.pop("torch_dtype", kwargs.get("dtype"))
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
@@ -162,15 +169,16 @@ class GRPOTrainer(Trainer):
             The policy: a path (or hub id) loaded with `AutoModelForCausalLM.from_pretrained(model,
             **args.model_init_kwargs)`, or a causal LM.
         reward_funcs (`RewardFunc` or `list[RewardFunc]`):
-            Callables `f(prompts, completions, completion_ids, trainer_state, **columns) -> list[float | None]`
-            (every other dataset column arrives as a list aligned with the completions; `None` means "does not
-            apply"), or sequence-classification reward models (a path or a `PreTrainedModel`; the first logit is
-            the reward).
+            Callables `f(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, **columns) ->
+            list[float | None]`, plain or `async` (awaited together), functions, `functools.partial`s or callable
+            objects (see `trl.trainer.grpo_rewards`), or sequence-classification reward models (a path or a
+            `PreTrainedModel`; the first logit is the reward). Required.
         args ([`GRPOConfig`], *optional*):
             Configuration; defaults to `GRPOConfig("<model name>-GRPO")`.
         train_dataset, eval_dataset ([`~datasets.Dataset`]):
-            Must have a `"prompt"` column: text (standard) or a list of messages (conversational, rendered with
-            the tokenizer's chat template; completions then reach reward functions as messages).
+            `train_dataset` is required. Both must have a `"prompt"` column: text (standard) or a list of messages
+            (conversational, rendered with the tokenizer's chat template and `args.chat_template_kwargs`;
+            completions then reach reward functions as messages).
         processing_class ([`~transformers.PreTrainedTokenizerBase`], *optional*):
             Tokenizer of the policy; loaded from the model's path when omitted. Prompts are left-padded.
         reward_processing_classes (tokenizer or list of them, *optional*):
@@ -184,8 +192,9 @@ class GRPOTrainer(Trainer):
             Train a PEFT adapter instead of the whole model.
 
     Raises:
-        ValueError: for reward weights that do not match the reward functions, a dataset without `"prompt"`, or an
-            eval batch that is not divisible by `num_generations`.
+        ValueError: without reward functions or `train_dataset`, for reward weights or processing classes that do not
+            match the reward functions, a dataset without `"prompt"`, or an eval batch that is not divisible by
+            `num_generations_eval` (or `num_generations`).
     """
 
     _tag_names = ["trl", "grpo", "iterative-grpo"]
@@ -193,7 +202,7 @@ class GRPOTrainer(Trainer):
     def __init__(
         self,
         model: str | PreTrainedModel,
-        reward_funcs: RewardFunc | list[RewardFunc],
+        reward_funcs: RewardFunc | list[RewardFunc] | None = None,
         args: GRPOConfig | None = None,
         train_dataset: Dataset | IterableDataset | None = None,
         eval_dataset: Dataset | IterableDataset | dict[str, Dataset] | None = None,
@@ -220,43 +229,20 @@ class GRPOTrainer(Trainer):
                 model.enable_input_require_grads()
             model = get_peft_model(model, peft_config)
         if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
+            processing_class = AutoTokenizer.from_pretrained(
+                model.config._name_or_path, trust_remote_code=args.trust_remote_code
+            )
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
 
-        # Rewards
-        if not isinstance(reward_funcs, list):
-            reward_funcs = [reward_funcs]
-        reward_funcs = [
-            AutoModelForSequenceClassification.from_pretrained(f, num_labels=1, **_model_init_kwargs(args))
-            if isinstance(f, str)
-            else f
-            for f in reward_funcs
-        ]
-        self.reward_funcs = reward_funcs
-        self.reward_func_names = [
-            f.config._name_or_path.rstrip("/").split("/")[-1] if isinstance(f, nn.Module) else f.__name__
-            for f in reward_funcs
-        ]
-        if args.reward_weights is not None and len(args.reward_weights) != len(reward_funcs):
-            raise ValueError(
-                f"reward_weights has {len(args.reward_weights)} entries but there are {len(reward_funcs)} reward "
-                "functions: give one weight per reward function."
-            )
-        self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(reward_funcs), dtype=torch.float32)
-        if not isinstance(reward_processing_classes, list):
-            reward_processing_classes = [reward_processing_classes] * len(reward_funcs)
-        if len(reward_processing_classes) != len(reward_funcs):
-            raise ValueError("reward_processing_classes must have one entry per reward function.")
-        for i, (func, tokenizer) in enumerate(zip(reward_funcs, reward_processing_classes)):
-            if isinstance(func, PreTrainedModel):
-                if tokenizer is None:
-                    tokenizer = AutoTokenizer.from_pretrained(func.config._name_or_path)
-                if tokenizer.pad_token is None:
-                    tokenizer.pad_token = tokenizer.eos_token
-                func.config.pad_token_id = tokenizer.pad_token_id
-                reward_processing_classes[i] = tokenizer
-        self.reward_processing_classes = reward_processing_classes
+        # Rewards (async functions share one event loop, owned by the trainer)
+        self.reward_funcs, self.reward_func_names, self.reward_processing_classes, self.reward_weights = (
+            load_reward_funcs(reward_funcs, reward_processing_classes, args.reward_weights, _model_init_kwargs(args))
+        )
+        self._reward_loop = RewardEventLoop() if any(map(is_async_reward_func, self.reward_funcs)) else None
+        self._reward_hooks = RewardLogHooks()
+        if train_dataset is None:
+            raise ValueError("GRPOTrainer needs a `train_dataset` (with a 'prompt' column) to sample prompts from.")
 
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             columns = getattr(dataset, "column_names", None)
@@ -280,6 +266,7 @@ class GRPOTrainer(Trainer):
                     disable_dropout_in_model(m)
 
         self.num_generations = args.num_generations
+        self.num_generations_eval = args.num_generations_eval or args.num_generations
         self.num_iterations = args.num_iterations
         self.max_prompt_length = args.max_prompt_length
         self.max_completion_length = args.max_completion_length
@@ -324,12 +311,12 @@ class GRPOTrainer(Trainer):
         self._train_batch_size = args.per_device_train_batch_size * args.steps_per_generation
         if (
             eval_dataset is not None
-            and (args.per_device_eval_batch_size * self.accelerator.num_processes) % self.num_generations
+            and (args.per_device_eval_batch_size * self.accelerator.num_processes) % self.num_generations_eval
         ):
             raise ValueError(
                 f"The global eval batch ({args.per_device_eval_batch_size} × {self.accelerator.num_processes} "
-                f"processes) must be divisible by num_generations ({self.num_generations}): change "
-                "per_device_eval_batch_size."
+                f"processes) must be divisible by num_generations_eval ({self.num_generations_eval}; when unset, "
+                "num_generations): change per_device_eval_batch_size or num_generations_eval."
             )
 
         if self.ref_model is not None:
@@ -367,7 +354,9 @@ class GRPOTrainer(Trainer):
         )
 
     def _get_eval_sampler(self, eval_dataset) -> Sampler:
-        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations, shuffle=False, seed=self.args.seed)
+        return RepeatSampler(
+            eval_dataset, mini_repeat_count=self.num_generations_eval, shuffle=False, seed=self.args.seed
+        )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         self._step, self._buffered_inputs = None, None
@@ -537,52 +526,22 @@ class GRPOTrainer(Trainer):
             yield
 
     def _calculate_rewards(
-        self, inputs: list[dict], prompts: list, completions: list, completion_ids: list[list[int]]
+        self, inputs: list[dict], prompts: list, completions: list, completion_ids: list
     ) -> torch.Tensor:
-        """`(N, F)` float32 rewards, NaN where a function returned `None`.
-
-        Raises:
-            ValueError: if a reward function returns a number of rewards different from the number of completions.
-        """
-        device = self.accelerator.device
-        rewards = torch.zeros(len(prompts), len(self.reward_funcs), device=device)
-        columns = {
-            key: [example[key] for example in inputs]
-            for key in inputs[0]
-            if key not in ("prompt", "completion", "completion_ids")
-        }
-        for i, (func, name, tokenizer) in enumerate(
-            zip(self.reward_funcs, self.reward_func_names, self.reward_processing_classes)
-        ):
-            if isinstance(func, nn.Module):
-                if is_conversational(inputs[0]):
-                    texts = [
-                        tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)
-                    ]
-                else:
-                    texts = [p + c for p, c in zip(prompts, completions)]
-                encoded = tokenizer(
-                    text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
-                ).to(device)
-                with torch.no_grad():
-                    rewards[:, i] = func(**encoded).logits[:, 0].float()
-                continue
-            values = func(
-                prompts=prompts,
-                completions=completions,
-                completion_ids=completion_ids,
-                trainer_state=self.state,
-                **columns,
-            )
-            if values is None or len(values) != len(prompts):
-                got = "None" if values is None else len(values)
-                raise ValueError(
-                    f"Reward function {name!r} returned {got} rewards for {len(prompts)} completions; it must return one float (or None) per completion."
-                )
-            rewards[:, i] = torch.tensor(
-                [float("nan") if v is None else float(v) for v in values], dtype=torch.float32, device=device
-            )
-        return rewards
+        """`(N, F)` float32 rewards of this process's completions, NaN where a function returned `None`."""
+        columns = {k: [x[k] for x in inputs] for k in inputs[0] if k not in ("prompt", "completion", "completion_ids")}
+        return call_reward_funcs(
+            self.reward_funcs,
+            self.reward_func_names,
+            self.reward_processing_classes,
+            prompts,
+            completions,
+            completion_ids,
+            {**columns, "trainer_state": self.state, **self._reward_hooks.kwargs()},
+            self.args.chat_template_kwargs,
+            self.accelerator.device,
+            self._reward_loop,
+        )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Generate G completions per prompt, score them and compute everything the loss needs.
@@ -597,7 +556,11 @@ class GRPOTrainer(Trainer):
         prompts = [example["prompt"] for example in inputs]
         conversational = is_conversational(inputs[0])
         prompts_text = [
-            tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if conversational else p
+            tokenizer.apply_chat_template(
+                p, tokenize=False, add_generation_prompt=True, **(args.chat_template_kwargs or {})
+            )
+            if conversational
+            else p
             for p in prompts
         ]
         encoded = tokenizer(
@@ -609,6 +572,9 @@ class GRPOTrainer(Trainer):
                 prompt_ids[:, -self.max_prompt_length :],
                 prompt_mask[:, -self.max_prompt_length :],
             )
+        multiple, pad_id = args.pad_to_multiple_of, tokenizer.pad_token_id
+        prompt_ids = pad_to_multiple(prompt_ids, multiple, pad_id, side="left")
+        prompt_mask = pad_to_multiple(prompt_mask, multiple, 0, side="left")
 
         with unwrap_model_for_generation(
             self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
@@ -634,11 +600,15 @@ class GRPOTrainer(Trainer):
             if conversational
             else completions_text
         )
+        completion_ids, mask = pad_to_multiple(completion_ids, multiple, pad_id), pad_to_multiple(mask, multiple, 0)
 
         # Rewards and advantages over the global batch (a group may straddle processes), then this process's slice.
         rewards_per_func = gather(self._calculate_rewards(inputs, prompts, completions, completion_ids_list))
-        rewards, valid = combine_rewards(rewards_per_func, self.reward_weights.to(device))
-        advantages = group_advantages(rewards, self.num_generations, args.scale_rewards, valid)
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        weights, aggregation = self.reward_weights.to(device), args.multi_objective_aggregation
+        advantages, rewards, valid = aggregate_rewards(
+            rewards_per_func, weights, group_size, args.scale_rewards, aggregation
+        )
         n_local = len(prompts)
         process_slice = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
 
@@ -679,24 +649,21 @@ class GRPOTrainer(Trainer):
         metrics["completions/min_length"].append(lengths.min().item())
         metrics["completions/max_length"].append(lengths.max().item())
         metrics["completions/clipped_ratio"].append(1.0 - all_terminated.float().mean().item())
-        for i, name in enumerate(self.reward_func_names):
-            column = rewards_per_func[:, i]
-            column = column[~torch.isnan(column)]
-            metrics[f"rewards/{name}/mean"].append(column.mean().item() if column.numel() else float("nan"))
-            metrics[f"rewards/{name}/std"].append(column.std().item() if column.numel() > 1 else float("nan"))
-        group_std = group_reward_std(rewards, self.num_generations, valid)
-        metrics["reward"].append(rewards[valid].mean().item() if valid.any() else float("nan"))
+        extra_columns, hook_metrics = self._reward_hooks.pop(
+            len(prompts), gather_object, lambda t: gather(t.to(device)).cpu()
+        )
+        for key, value in reward_metrics(rewards_per_func, self.reward_func_names, rewards).items():
+            metrics[key].append(value)
+        for key, value in hook_metrics.items():
+            metrics[key].append(value)
+        group_std = group_reward_std(rewards, group_size, valid)
         metrics["reward_std"].append(group_std.mean().item())
         metrics["frac_reward_zero_std"].append((group_std == 0).float().mean().item())
-        if args.log_completions and self.accelerator.is_main_process:
-            self._last_completions = {
-                "prompt": gather_object(prompts_text),
-                "completion": gather_object(completions_text),
-                "reward": rewards.tolist(),
-                "advantage": advantages.tolist(),
-            }
-        elif args.log_completions:
-            gather_object(prompts_text), gather_object(completions_text)
+        if args.log_completions:
+            prompts_all, completions_all = gather_object(prompts_text), gather_object(completions_text)
+            table = {"prompt": prompts_all, "completion": completions_all, "reward": rewards.tolist(), **extra_columns}
+            table = completions_table({**table, "advantage": advantages.tolist()}, args.log_unique_prompts)
+            self._last_completions = table if self.accelerator.is_main_process else {}
         return output
 
     # ---- loss ----
@@ -767,9 +734,9 @@ class GRPOTrainer(Trainer):
         from rich.table import Table
 
         table = Table(title=f"Completions at step {self.state.global_step}", show_lines=True)
-        for column in ("prompt", "completion", "reward", "advantage"):
+        for column in self._last_completions:
             table.add_column(column)
-        rows = list(zip(*(self._last_completions[c] for c in ("prompt", "completion", "reward", "advantage"))))
-        for prompt, completion, reward, advantage in rows[: self.args.num_completions_to_print or len(rows)]:
-            table.add_row(str(prompt), str(completion), f"{reward:.3f}", f"{advantage:.3f}")
+        rows = list(zip(*self._last_completions.values()))
+        for row in rows[: self.args.num_completions_to_print or len(rows)]:
+            table.add_row(*(f"{value:.3f}" if isinstance(value, float) else str(value) for value in row))
         Console().print(table)

@@ -1,0 +1,251 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""What a TRL 1.16 GRPO script does, run through GRPOTrainer on a tiny model: async / partial / class rewards,
+logging hooks, multi-objective aggregation, all-None warnings, eval groups, chat-template kwargs, padding,
+trust_remote_code and the errors for missing inputs. Values are read where a user reads them: the log history,
+the completions table, the error message."""
+
+import asyncio
+import functools
+import math
+from unittest import mock
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer import grpo_rewards
+
+
+def first_token_reward(completion_ids, **kwargs):
+    return [float(ids[0] % 5) for ids in completion_ids]
+
+
+def last_log_with(trainer, key):
+    return [entry for entry in trainer.state.log_history if key in entry][-1]
+
+
+def test_async_partial_and_class_rewards_with_logging_hooks(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    returned, loops = {}, []
+
+    async def async_first_token(completion_ids, log_metric, **kwargs):
+        loops.append(asyncio.get_running_loop())
+        await asyncio.sleep(0)
+        returned["async"] = first_token_reward(completion_ids)
+        log_metric("first_token_sum", sum(returned["async"]))
+        return returned["async"]
+
+    def length_plus(completion_ids, offset, log_extra, **kwargs):
+        returned["partial"] = [len(ids) + offset for ids in completion_ids]
+        log_extra("length_plus", returned["partial"])
+        return returned["partial"]
+
+    class Judge:
+        def __call__(self, completions, log_metric, **kwargs):
+            log_metric("judged", len(completions))
+            return [1.0] * len(completions)
+
+    args = GRPOConfig(**grpo_kwargs, log_completions=True, num_completions_to_print=2)
+    reward_funcs = [async_first_token, functools.partial(length_plus, offset=0.5), Judge()]
+    trainer = GRPOTrainer(tiny_lm_path, reward_funcs, args=args, train_dataset=arithmetic_dataset)
+    assert trainer.reward_func_names == ["async_first_token", "length_plus", "Judge"]
+    trainer.train()
+
+    log = last_log_with(trainer, "reward")
+    assert log["rewards/async_first_token/mean"] == pytest.approx(sum(returned["async"]) / 8)
+    assert log["rewards/length_plus/mean"] == pytest.approx(sum(returned["partial"]) / 8)
+    assert log["rewards/Judge/mean"] == 1.0
+    assert log["reward"] == pytest.approx((sum(returned["async"]) + sum(returned["partial"])) / 8 + 1.0)
+    assert log["first_token_sum"] == sum(returned["async"]) and log["judged"] == 8.0  # log_metric values
+    table = trainer._last_completions  # log_extra adds a column to the completions table
+    assert list(table) == ["prompt", "completion", "reward", "length_plus", "advantage"]
+    assert table["length_plus"] == returned["partial"]
+    assert loops == [trainer._reward_loop.loop]  # the trainer's own loop
+
+
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+def test_aggregation_weights_and_none(tiny_lm_path, arithmetic_dataset, grpo_kwargs, aggregation):
+    returned = {}
+
+    def first_token(completion_ids, **kwargs):
+        returned["a"] = first_token_reward(completion_ids)
+        return returned["a"]
+
+    def odd_or_none(completion_ids, **kwargs):  # None for some completions
+        returned["b"] = [None if i % 3 == 0 else float(ids[-1] % 2) for i, ids in enumerate(completion_ids)]
+        return returned["b"]
+
+    args = GRPOConfig(
+        **grpo_kwargs, reward_weights=[1.0, 3.0], multi_objective_aggregation=aggregation, log_completions=True
+    )
+    trainer = GRPOTrainer(tiny_lm_path, [first_token, odd_or_none], args=args, train_dataset=arithmetic_dataset)
+    trainer.train()
+    weighted = [a + (3.0 * b if b is not None else 0.0) for a, b in zip(returned["a"], returned["b"])]
+    assert last_log_with(trainer, "reward")["reward"] == pytest.approx(sum(weighted) / 8)  # weights, both modes
+    advantages = torch.tensor(trainer._last_completions["advantage"])
+    assert torch.isfinite(advantages).all()
+    assert trainer._last_completions["reward"] == pytest.approx(weighted)
+    a = torch.tensor(returned["a"]).view(2, 4)
+    b = torch.tensor([math.nan if v is None else v for v in returned["b"]]).view(2, 4)
+    if aggregation == "sum_then_normalize":
+        r = torch.tensor(weighted).view(2, 4)
+        expected = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)
+        expected = torch.where(r.std(1, keepdim=True) > 0, expected, torch.zeros_like(expected))
+    else:
+
+        def normalise(x):  # within each group, ignoring NaN; groups with one value or equal values give 0
+            mean = torch.nanmean(x, 1, keepdim=True)
+            count = (~x.isnan()).sum(1, keepdim=True)
+            std = (torch.nansum((x - mean) ** 2, 1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+            return torch.where(std > 0, (x - mean) / (std + 1e-4), torch.zeros_like(x)).nan_to_num(0.0)
+
+        summed = (normalise(a) + 3.0 * normalise(b)).flatten()
+        expected = (summed - summed.mean()) / (summed.std() + 1e-4)
+    assert torch.allclose(advantages, expected.flatten(), rtol=1e-4, atol=1e-5)
+
+
+def test_all_none_rewards_warn_with_the_inputs(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    seen = {}
+
+    def never(prompts, completions, answer, **kwargs):
+        seen.update(prompt=prompts[0], completion=completions[0], answer=answer[0])
+        return [None] * len(prompts)
+
+    trainer = GRPOTrainer(tiny_lm_path, never, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    with mock.patch.object(grpo_rewards.logger, "warning") as warning:
+        trainer.train()
+    warning.assert_called_once_with(
+        f"All reward functions returned None for 8 of 8 completions; these get advantage 0. The first one had inputs "
+        f"{ {'prompt': seen['prompt'], 'completion': seen['completion'], 'answer': seen['answer']} }. Make at least "
+        "one reward function return a number for every completion."
+    )
+    assert all(chunk["advantages"].eq(0).all() for chunk in trainer._buffered_inputs)
+
+
+def test_num_generations_eval_one(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    prompts_seen = []
+
+    def recording(prompts, completion_ids, **kwargs):
+        prompts_seen.extend(prompts)
+        return first_token_reward(completion_ids)
+
+    # 3 completions per eval batch: not divisible by num_generations=4, fine for num_generations_eval=1.
+    args = GRPOConfig(**grpo_kwargs, num_generations_eval=1, per_device_eval_batch_size=3)
+    eval_dataset = arithmetic_dataset.select(range(3))
+    trainer = GRPOTrainer(
+        tiny_lm_path, recording, args=args, train_dataset=arithmetic_dataset, eval_dataset=eval_dataset
+    )
+    metrics = trainer.evaluate()
+    assert prompts_seen == eval_dataset["prompt"]  # one completion per prompt
+    assert metrics["eval_loss"] == 0.0
+    logged = trainer.state.log_history[-1]
+    assert logged["eval_reward_std"] == 0.0 and logged["eval_frac_reward_zero_std"] == 1.0
+    assert math.isfinite(logged["eval_reward"])
+
+
+def test_eval_batch_must_divide_by_num_generations_eval(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    args = GRPOConfig(**grpo_kwargs, num_generations_eval=3, per_device_eval_batch_size=4)
+    with pytest.raises(ValueError, match=r"must be divisible by num_generations_eval \(3; when unset"):
+        GRPOTrainer(
+            tiny_lm_path,
+            first_token_reward,
+            args=args,
+            train_dataset=arithmetic_dataset,
+            eval_dataset=arithmetic_dataset,
+        )
+
+
+def test_chat_template_kwargs_and_unique_prompts(tiny_lm_path, grpo_kwargs):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
+    tokenizer.chat_template = (
+        "{% if enable_thinking is defined and not enable_thinking %}9 {% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}+1="}] for i in range(8)]})
+    args = GRPOConfig(
+        **grpo_kwargs, chat_template_kwargs={"enable_thinking": False}, log_completions=True, log_unique_prompts=True
+    )
+    trainer = GRPOTrainer(
+        tiny_lm_path, first_token_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+    trainer.train()
+    table = trainer._last_completions
+    assert len(table["prompt"]) == 2  # 8 completions of 2 prompts: one row per prompt
+    assert all(p.startswith("9 ") and p.endswith("+1=") for p in table["prompt"]) and len(set(table["prompt"])) == 2
+
+
+def test_pad_to_multiple_of_pads_and_masks(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    losses = {}
+    for multiple in (None, 8):
+        args = GRPOConfig(**grpo_kwargs, pad_to_multiple_of=multiple, beta=0.0)
+        trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
+        trainer.train()
+        losses[multiple] = last_log_with(trainer, "loss")["loss"]
+        batch = trainer._buffered_inputs[0]
+        if multiple:
+            assert batch["prompt_ids"].size(1) == 8 and batch["completion_ids"].size(1) == 8
+            assert batch["completion_mask"][:, 4:].eq(0).all()  # max_completion_length=4: the rest is padding
+    assert losses[8] == pytest.approx(losses[None], rel=1e-5, abs=1e-7)
+
+
+def test_trust_remote_code_reaches_every_load(tiny_lm_path, tiny_rm_path, arithmetic_dataset, grpo_kwargs):
+    calls = []
+
+    def recorder(cls):
+        original = cls.from_pretrained
+
+        def from_pretrained(path, *args, **kwargs):
+            calls.append((cls.__name__, kwargs.get("trust_remote_code")))
+            return original(path, *args, **kwargs)
+
+        return mock.patch.object(cls, "from_pretrained", from_pretrained)
+
+    with (
+        recorder(AutoModelForCausalLM),
+        recorder(AutoModelForSequenceClassification),
+        recorder(AutoTokenizer),
+    ):
+        GRPOTrainer(
+            tiny_lm_path,
+            [tiny_rm_path, first_token_reward],
+            args=GRPOConfig(**grpo_kwargs, trust_remote_code=True),
+            train_dataset=arithmetic_dataset,
+        )
+    assert sorted(set(calls)) == [
+        ("AutoModelForCausalLM", True),
+        ("AutoModelForSequenceClassification", True),
+        ("AutoTokenizer", True),
+    ]
+    assert len(calls) == 4  # policy, its tokenizer, reward model, its tokenizer
+
+
+# ---------------------------------------------------------------- missing inputs
+
+
+def test_missing_reward_funcs_raises(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    with pytest.raises(ValueError, match=r"GRPOTrainer needs at least one reward: pass `reward_funcs`"):
+        GRPOTrainer(tiny_lm_path, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+
+
+def test_missing_train_dataset_raises(tiny_lm_path, grpo_kwargs):
+    with pytest.raises(ValueError, match=r"GRPOTrainer needs a `train_dataset` \(with a 'prompt' column\)"):
+        GRPOTrainer(tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs))
+
+
+def test_reward_processing_classes_must_match_a_single_function(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    with pytest.raises(
+        ValueError, match=r"lengths of reward_processing_classes \(2\) and reward_funcs \(1\) must match"
+    ):
+        GRPOTrainer(
+            tiny_lm_path,
+            first_token_reward,
+            args=GRPOConfig(**grpo_kwargs),
+            train_dataset=arithmetic_dataset,
+            reward_processing_classes=[None, None],
+        )
+
+
+def test_unsupported_feature_raises_at_init(grpo_kwargs):
+    with pytest.raises(ValueError, match=r"use_vllm=True asks for vLLM generation, which this package does not"):
+        GRPOConfig(**grpo_kwargs, use_vllm=True)

@@ -1,0 +1,430 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""The GRPO reward pipeline: load and name reward functions, call them (sync and async) and reward models, turn
+`None` into NaN, weight and aggregate the rewards into advantages, and collect what reward functions log.
+
+Shapes: N = B·G completions (the G completions of a prompt contiguous), F = number of reward functions.
+"""
+
+import asyncio
+import functools
+import inspect
+import threading
+import weakref
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging
+
+from .grpo_config import MULTI_OBJECTIVE_AGGREGATIONS
+from .grpo_losses import group_advantages
+
+
+logger = logging.get_logger(__name__)
+
+RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
+# Keyword arguments the trainer adds for every reward function; not "inputs" of a completion.
+HOOK_KWARGS = ("trainer_state", "log_extra", "log_metric")
+
+
+# ---------------------------------------------------------------- setting up
+
+
+def reward_func_name(func: Any) -> str:
+    """The name a reward function's metrics are logged under (`rewards/<name>/mean`).
+
+    A reward model: the last part of its `config._name_or_path`. A `functools.partial` (nested or not): the wrapped
+    function's name. A function: its `__name__`. A callable class instance without `__name__`: its class name.
+    """
+    if isinstance(func, nn.Module):
+        return func.config._name_or_path.rstrip("/").split("/")[-1]
+    while isinstance(func, functools.partial):
+        func = func.func
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def is_async_reward_func(func: Any) -> bool:
+    """True when calling `func` returns a coroutine: an `async def` function, a `functools.partial` of one, or an
+    instance of a class whose `__call__` is `async def`."""
+    if isinstance(func, nn.Module):
+        return False
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+
+
+def load_reward_funcs(
+    reward_funcs: RewardFunc | list[RewardFunc] | None,
+    reward_processing_classes: Any = None,
+    reward_weights: list[float] | None = None,
+    model_init_kwargs: dict[str, Any] | None = None,
+) -> tuple[list, list[str], list, torch.Tensor]:
+    """Turn the trainer's `reward_funcs` / `reward_processing_classes` / `reward_weights` into aligned lists.
+
+    Paths are loaded as one-label sequence-classification reward models with `model_init_kwargs` (which carries
+    `trust_remote_code`); a reward model without a tokenizer gets the one saved next to it, and its pad token id is
+    set from that tokenizer.
+
+    Returns:
+        `(funcs, names, processing_classes, weights)`: `weights` is an `(F,)` float32 tensor (all ones by default).
+
+    Raises:
+        ValueError: if there is no reward function, or if `reward_weights` or `reward_processing_classes` (a single
+            tokenizer counts as a list of one) does not have one entry per reward function.
+    """
+    if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
+        raise ValueError(
+            "GRPOTrainer needs at least one reward: pass `reward_funcs` (a function, a reward model or its path, or a "
+            "list of them)."
+        )
+    funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    model_init_kwargs = model_init_kwargs or {}
+    funcs = [
+        AutoModelForSequenceClassification.from_pretrained(f, num_labels=1, **model_init_kwargs)
+        if isinstance(f, str)
+        else f
+        for f in funcs
+    ]
+    if reward_weights is not None and len(reward_weights) != len(funcs):
+        raise ValueError(
+            f"reward_weights has {len(reward_weights)} entries but there are {len(funcs)} reward functions: give one "
+            "weight per reward function."
+        )
+    weights = torch.tensor(reward_weights or [1.0] * len(funcs), dtype=torch.float32)
+    if reward_processing_classes is None:
+        reward_processing_classes = [None] * len(funcs)
+    elif not isinstance(reward_processing_classes, list):
+        reward_processing_classes = [reward_processing_classes]
+    if len(reward_processing_classes) != len(funcs):
+        raise ValueError(
+            f"The lengths of reward_processing_classes ({len(reward_processing_classes)}) and reward_funcs "
+            f"({len(funcs)}) must match: give one entry (None for a function) per reward function."
+        )
+    processing_classes = list(reward_processing_classes)
+    for i, (func, tokenizer) in enumerate(zip(funcs, processing_classes)):
+        if isinstance(func, PreTrainedModel):
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(
+                    func.config._name_or_path, trust_remote_code=model_init_kwargs.get("trust_remote_code", False)
+                )
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+            func.config.pad_token_id = tokenizer.pad_token_id
+            processing_classes[i] = tokenizer
+    return funcs, [reward_func_name(f) for f in funcs], processing_classes, weights
+
+
+class RewardEventLoop:
+    """One asyncio event loop, run by a daemon thread, on which the async reward functions of a batch run together.
+
+    The trainer owns one for its lifetime. Because the loop lives in its own thread, `run` also works when the
+    caller's thread already runs an event loop (a notebook, an async application). The loop stops when `close` is
+    called or the object is garbage-collected.
+    """
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.thread = threading.Thread(
+            target=_run_forever, args=(self.loop, ready), name="GRPOTrainer-reward-loop", daemon=True
+        )
+        self.thread.start()
+        ready.wait()
+        self._finalizer = weakref.finalize(self, _stop, self.loop, self.thread)
+
+    def run(self, coroutines: list) -> list:
+        """Await all `coroutines` concurrently (`asyncio.gather`) and return their results in order; the first
+        exception raised by one of them is raised here."""
+
+        async def gather_all():
+            return await asyncio.gather(*coroutines)
+
+        return asyncio.run_coroutine_threadsafe(gather_all(), self.loop).result()
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _run_forever(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(ready.set)
+    loop.run_forever()
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    if not loop.is_running():
+        loop.close()
+
+
+# ---------------------------------------------------------------- calling the reward functions
+
+
+def reward_model_scores(
+    model: nn.Module,
+    tokenizer,
+    prompts: list,
+    completions: list,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """First logit of a sequence-classification reward model on each prompt + completion, `(N,)` float32.
+
+    Conversational pairs (lists of messages) are rendered with the reward tokenizer's chat template and
+    `chat_template_kwargs`; text pairs are concatenated. Inputs are right-padded.
+    """
+    if isinstance(prompts[0], list):
+        kwargs = chat_template_kwargs or {}
+        texts = [tokenizer.apply_chat_template(p + c, tokenize=False, **kwargs) for p, c in zip(prompts, completions)]
+    else:
+        texts = [p + c for p, c in zip(prompts, completions)]
+    encoded = tokenizer(
+        text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+    ).to(device)
+    with torch.no_grad():
+        return model(**encoded).logits[:, 0].float()
+
+
+def reward_column(values: Any, name: str, num_completions: int) -> list[float]:
+    """One reward function's output as floats, `None` → NaN.
+
+    Raises:
+        ValueError: if `values` is `None` or does not hold one value per completion.
+    """
+    if values is None or len(values) != num_completions:
+        got = "None" if values is None else len(values)
+        raise ValueError(
+            f"Reward function {name!r} returned {got} rewards for {num_completions} completions; it must return one "
+            "float (or None) per completion."
+        )
+    return [float("nan") if v is None else float(v) for v in values]
+
+
+def call_reward_funcs(
+    funcs: list,
+    names: list[str],
+    processing_classes: list,
+    prompts: list,
+    completions: list,
+    completion_ids: list[list[int]],
+    reward_kwargs: dict[str, Any],
+    chat_template_kwargs: dict[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+    loop: RewardEventLoop | None = None,
+) -> torch.Tensor:
+    """Score N completions with every reward function: `(N, F)` float32, NaN where a function returned `None`.
+
+    Reward models are run in order, plain functions are called in order, then all async functions are awaited
+    together on `loop`. Each function is called as `f(prompts=..., completions=..., completion_ids=...,
+    **reward_kwargs)`, where the trainer's `reward_kwargs` hold the other dataset columns, `trainer_state`,
+    `log_extra` and `log_metric`. When every function returns `None` for some completion, a warning names the inputs
+    of the first such completion.
+
+    Raises:
+        ValueError: if a function's output does not have one value per completion, or if there are async functions
+            and no `loop`.
+    """
+    n = len(prompts)
+    rewards = torch.zeros(n, len(funcs), dtype=torch.float32)
+    pending = []  # (column, coroutine)
+    call_kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **reward_kwargs)
+    for i, (func, name, tokenizer) in enumerate(zip(funcs, names, processing_classes)):
+        if isinstance(func, nn.Module):
+            scores = reward_model_scores(func, tokenizer, prompts, completions, chat_template_kwargs, device)
+            rewards[:, i] = scores.cpu()
+        elif is_async_reward_func(func):
+            pending.append((i, func(**call_kwargs)))
+        else:
+            rewards[:, i] = torch.tensor(reward_column(func(**call_kwargs), name, n))
+    if pending:
+        if loop is None:
+            for _, coroutine in pending:
+                coroutine.close()
+            raise ValueError("Async reward functions need a RewardEventLoop to run on.")
+        for (i, _), values in zip(pending, loop.run([c for _, c in pending])):
+            rewards[:, i] = torch.tensor(reward_column(values, names[i], n))
+    message = all_none_message(rewards, prompts, completions, reward_kwargs)
+    if message is not None:
+        logger.warning(message)
+    return rewards.to(device)
+
+
+def all_none_message(
+    rewards_per_func: torch.Tensor, prompts: list, completions: list, reward_kwargs: dict[str, Any]
+) -> str | None:
+    """The warning for completions that no reward function scored (a row of NaNs), naming the first one's inputs
+    (prompt, completion and dataset columns); `None` when every completion has at least one reward."""
+    unscored = torch.isnan(rewards_per_func).all(dim=1).nonzero().flatten().tolist()
+    if not unscored:
+        return None
+    row = unscored[0]
+    inputs = {"prompt": prompts[row], "completion": completions[row]}
+    inputs.update({k: v[row] for k, v in reward_kwargs.items() if k not in HOOK_KWARGS})
+    return (
+        f"All reward functions returned None for {len(unscored)} of {len(prompts)} completions; these get advantage "
+        f"0. The first one had inputs {inputs}. Make at least one reward function return a number for every "
+        "completion."
+    )
+
+
+# ---------------------------------------------------------------- from rewards to advantages
+
+
+def combine_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted sum of several reward functions, skipping the ones that returned `None` (stored as NaN).
+
+    Args:
+        rewards_per_func: `(N, F)` float tensor, one column per reward function; NaN where a function gave `None`.
+        reward_weights: `(F,)` float tensor.
+
+    Returns:
+        `(rewards, valid)`: `(N,)` float rewards (NaN entries count as 0) and an `(N,)` bool mask that is `False`
+        where *every* function returned `None`: such completions are left out of their group's statistics.
+    """
+    valid = ~torch.isnan(rewards_per_func).all(dim=1)
+    rewards = torch.nansum(rewards_per_func * reward_weights.to(rewards_per_func).unsqueeze(0), dim=1)
+    return rewards, valid
+
+
+def aggregate_rewards(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    num_generations: int,
+    scale_rewards: str = "group",
+    multi_objective_aggregation: str = "sum_then_normalize",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Advantages from the rewards of several functions, as `multi_objective_aggregation` says.
+
+    - `"sum_then_normalize"`: r = Σ_k w_k·r_k, then group advantages of r scaled as `scale_rewards` says
+      (arXiv 2402.03300, §4.1.2).
+    - `"normalize_then_sum"` (GDPO, arXiv 2601.05242): each r_k is normalised within its group, (r_k − mean) /
+      (std + 1e-4); the weighted sum of those is then normalised over the whole batch the same way.
+      `scale_rewards` does not apply.
+
+    A `None` (NaN) leaves its value out of every mean and std and adds 0 to a sum; a completion no function scored
+    gets advantage 0. Groups of one completion (`num_generations=1`, evaluation) get advantage 0.
+
+    Args:
+        rewards_per_func: `(N, F)` float tensor, NaN for `None`.
+        reward_weights: `(F,)` float tensor.
+        num_generations: G, the group size.
+        scale_rewards: `"group"`, `"batch"` or `"none"` (sum-then-normalise only).
+        multi_objective_aggregation: `"sum_then_normalize"` or `"normalize_then_sum"`.
+
+    Returns:
+        `(advantages, rewards, valid)`, all `(N,)`: the advantages; the weighted sum of the raw rewards (what is
+        logged as `reward`, in both modes; NaN where no function scored); and the mask of scored completions.
+
+    Raises:
+        ValueError: for an unknown `multi_objective_aggregation` (or `scale_rewards`), or N not divisible by G.
+    """
+    weighted, valid = combine_rewards(rewards_per_func, reward_weights)
+    if multi_objective_aggregation == "sum_then_normalize":
+        advantages = group_advantages(weighted, num_generations, scale_rewards, valid)
+    elif multi_objective_aggregation == "normalize_then_sum":
+        normalised = torch.stack(
+            [
+                group_advantages(column.nan_to_num(0.0), num_generations, "group", ~torch.isnan(column))
+                for column in rewards_per_func.unbind(dim=1)
+            ],
+            dim=1,
+        )
+        summed = (normalised * reward_weights.to(normalised).unsqueeze(0)).sum(dim=1)
+        advantages = group_advantages(summed, summed.numel(), "group", valid)  # the whole batch as one group
+    else:
+        raise ValueError(
+            f"multi_objective_aggregation must be one of {', '.join(MULTI_OBJECTIVE_AGGREGATIONS)}, got "
+            f"{multi_objective_aggregation!r}."
+        )
+    return advantages, weighted.masked_fill(~valid, float("nan")), valid
+
+
+def reward_metrics(rewards_per_func: torch.Tensor, names: list[str], rewards: torch.Tensor) -> dict[str, float]:
+    """The logged reward values of one batch: `reward` (mean of the weighted sum over scored completions) and
+    `rewards/<name>/mean`, `rewards/<name>/std` (sample std) per function over the completions it scored; NaN where
+    there is nothing (or, for a std, one value) to average.
+
+    Args:
+        rewards_per_func: `(N, F)`, NaN for `None`.
+        names: F names.
+        rewards: `(N,)` weighted sums, NaN where no function scored (as returned by `aggregate_rewards`).
+    """
+    metrics = {}
+    for name, column in zip(names, rewards_per_func.unbind(dim=1)):
+        column = column[~torch.isnan(column)]
+        metrics[f"rewards/{name}/mean"] = column.mean().item() if column.numel() else float("nan")
+        metrics[f"rewards/{name}/std"] = column.std().item() if column.numel() > 1 else float("nan")
+    metrics["reward"] = torch.nanmean(rewards).item()
+    return metrics
+
+
+# ---------------------------------------------------------------- logging hooks
+
+
+class RewardLogHooks:
+    """What reward functions report through the `log_extra` and `log_metric` keyword arguments.
+
+    `log_extra(column, values)` adds a column (one value per completion of the call) to the completions table;
+    `log_metric(name, value)` adds a scalar that is averaged over the batch (all processes) and logged as `name`
+    (`eval_<name>` in evaluation), next to `reward`.
+    """
+
+    def __init__(self):
+        self.extra: dict[str, list] = defaultdict(list)
+        self.metrics: dict[str, list[float]] = defaultdict(list)
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.extra[column].extend(values)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics[name].append(float(value))
+
+    def kwargs(self) -> dict[str, Callable]:
+        return {"log_extra": self.log_extra, "log_metric": self.log_metric}
+
+    def pop(
+        self, num_completions: int, gather_object: Callable = lambda x: x, gather: Callable = lambda x: x
+    ) -> tuple[dict[str, list], dict[str, float]]:
+        """Return and clear `(extra columns over all processes, metric means over all processes)`.
+
+        Every process must call this (it gathers); column and metric names are gathered first and walked in sorted
+        order, so processes that logged different names stay aligned. A process that did not log a column fills it
+        with `None`.
+
+        Raises:
+            ValueError: if a column does not have one value per local completion.
+        """
+        columns = {}
+        for column in sorted(set(gather_object(sorted(self.extra)))):
+            values = self.extra.get(column, [None] * num_completions)
+            if len(values) != num_completions:
+                raise ValueError(
+                    f"log_extra column {column!r} got {len(values)} values for {num_completions} completions: log "
+                    "one value per completion, once per batch."
+                )
+            columns[column] = gather_object(values)
+        metrics = {}
+        for name in sorted(set(gather_object(sorted(self.metrics)))):
+            values = self.metrics.get(name, [])
+            total, count = gather(torch.tensor([[sum(values), len(values)]], dtype=torch.float64)).sum(dim=0).tolist()
+            metrics[name] = total / count
+        self.extra.clear()
+        self.metrics.clear()
+        return columns, metrics
+
+
+def completions_table(columns: dict[str, list], unique_prompts: bool = False) -> dict[str, list]:
+    """The completions table as columns of equal length; with `unique_prompts`, only the first row of each prompt
+    (TRL's `log_unique_prompts`)."""
+    if not unique_prompts:
+        return columns
+    seen, keep = set(), []
+    for i, prompt in enumerate(columns["prompt"]):
+        if str(prompt) not in seen:
+            seen.add(str(prompt))
+            keep.append(i)
+    return {name: [values[i] for i in keep] for name, values in columns.items()}
