@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset, IterableDataset
-from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import Sampler
 from transformers import (
@@ -41,6 +40,17 @@ from ..models.utils import (
     use_adapter,
 )
 from .callbacks import SyncRefModelCallback
+from .grpo_checkpoint import (  # noqa: F401 (file names re-exported for tests and users)
+    GENERATION_BUFFER_FILE,
+    REF_ADAPTER_FILE,
+    REF_MODEL_FILE,
+    REF_SYNC_STATE_FILE,
+    load_generation_buffer,
+    load_reference_state,
+    reference_tensors,
+    save_generation_buffer,
+    save_reference_state,
+)
 from .grpo_config import GRPOConfig
 from .grpo_losses import (
     aggregate_loss,
@@ -53,15 +63,10 @@ from .grpo_losses import (
     masked_mean,
     selective_log_softmax,
 )
-from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter, gathered_tensor, named_float_tensors
+from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter
 
 
 logger = logging.get_logger(__name__)
-
-REF_MODEL_FILE = "ref_model.safetensors"  # full fine-tuning: the synced reference's weights
-REF_ADAPTER_FILE = "ref_adapter.safetensors"  # PEFT: the reference adapter's tensors
-REF_SYNC_STATE_FILE = "ref_sync_state.json"  # sync counters
-GENERATION_BUFFER_FILE = "generation_buffer_rank{rank}.pt"  # the rest of a generation batch cut by a checkpoint
 
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
@@ -273,6 +278,7 @@ class GRPOTrainer(Trainer):
         elif args.beta != 0.0 and (args.sync_ref_model or given_peft_model):
             add_reference_adapter(model, REFERENCE_ADAPTER)
             self.ref_adapter = REFERENCE_ADAPTER
+        self._reference_file = REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE
         if args.disable_dropout:
             for m in (model, self.ref_model):
                 if m is not None:
@@ -376,79 +382,29 @@ class GRPOTrainer(Trainer):
         if checkpoint:
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
-            self._load_generation_buffer(checkpoint)
+            saved = load_generation_buffer(checkpoint, self.accelerator.process_index, self.accelerator.device)
+            self._step, self._buffered_inputs = saved or (None, None)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
-    # ---- checkpoints: the synced reference travels with the policy ----
+    # ---- checkpoints: the synced reference and the cut generation batch travel with the policy ----
 
     def _reference_tensors(self) -> dict[str, torch.Tensor]:
-        """The reference's own tensors by name (this rank's view): the reference model's parameters and floating
-        buffers, or the parameters of the PEFT reference adapter."""
-        if self.ref_model is not None:
-            return dict(named_float_tensors(self.accelerator.unwrap_model(self.ref_model)))
-        policy = self.accelerator.unwrap_model(self.model)
-        return {name: p for name, p in policy.named_parameters() if self.ref_adapter in name.split(".")}
+        ref_model = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
+        return reference_tensors(ref_model, self.accelerator.unwrap_model(self.model), self.ref_adapter)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        self._save_generation_buffer(folder)
-        if self.sync_callback is None:
-            return
-        # Sharded references (ZeRO-3, FSDP2) are gathered one tensor at a time; every rank takes part.
-        state = {}
-        for name, tensor in self._reference_tensors().items():
-            with gathered_tensor(tensor, modify=False) as full:
-                if self.args.should_save:
-                    state[name] = full.detach().to("cpu", copy=True).contiguous()
-        if not self.args.should_save:
-            return
-        save_file(state, os.path.join(folder, REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE))
-        with open(os.path.join(folder, REF_SYNC_STATE_FILE), "w") as f:
-            json.dump(self.sync_callback.state_dict(), f)
-
-    def _generation_buffer_file(self, folder: str) -> str:
-        return os.path.join(folder, GENERATION_BUFFER_FILE.format(rank=self.accelerator.process_index))
-
-    def _save_generation_buffer(self, folder: str) -> None:
-        """A checkpoint inside a generation batch keeps the rest of that batch (this process's slices), so that a
-        resumed run trains on the same completions, advantages and old log-probs as the uninterrupted one."""
-        if self._buffered_inputs is None or self._step % (self.args.steps_per_generation * self.num_iterations) == 0:
-            return
-        os.makedirs(folder, exist_ok=True)
-        torch.save({"step": self._step, "inputs": self._buffered_inputs}, self._generation_buffer_file(folder))
-
-    def _load_generation_buffer(self, checkpoint: str) -> None:
-        path = self._generation_buffer_file(checkpoint)
-        if os.path.exists(path):
-            saved = torch.load(path, map_location=self.accelerator.device, weights_only=True)
-            self._step, self._buffered_inputs = saved["step"], saved["inputs"]
+        if self._buffered_inputs is not None and self._step % (self.args.steps_per_generation * self.num_iterations):
+            save_generation_buffer(folder, self.accelerator.process_index, self._step, self._buffered_inputs)
+        if self.sync_callback is not None:
+            state, file = self.sync_callback.state_dict(), self._reference_file
+            save_reference_state(self._reference_tensors(), folder, file, state, self.args.should_save)
 
     def _load_reference_state(self, checkpoint: str) -> None:
-        """Restore the synced reference (and the sync counters) saved in `checkpoint`; warn when there is none.
-
-        Raises:
-            ValueError: if the saved tensors do not match the reference's names.
-        """
-        weights = os.path.join(checkpoint, REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE)
-        if not os.path.exists(weights):
-            logger.warning(
-                f"Checkpoint {checkpoint} has no synced reference model ({os.path.basename(weights)}): the reference "
-                "restarts from the initial model, so the KL anchor jumps back to where training began. Checkpoints "
-                "written by this version with sync_ref_model=True include it."
-            )
-            return
-        saved, tensors = load_file(weights), self._reference_tensors()
-        if set(saved) != set(tensors):
-            raise ValueError(
-                f"{weights} does not match the reference model: {sorted(set(saved) ^ set(tensors))[:5]} differ."
-            )
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                with gathered_tensor(tensor, modify=True) as full:
-                    full.copy_(saved[name])
-        with open(os.path.join(checkpoint, REF_SYNC_STATE_FILE)) as f:
-            self.sync_callback.load_state_dict(json.load(f))
+        state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file)
+        if state is not None:
+            self.sync_callback.load_state_dict(state)
 
     def _prepare_inputs(self, generation_batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Return the micro-batch to train on: generate for a new generation batch, else slice the buffered one."""
