@@ -36,8 +36,10 @@ class GRPOConfig(TrainingArguments):
 
         remove_unused_columns (`bool`, *optional*, defaults to `False`):
             Keep this `False`: every dataset column except `"prompt"` is passed to the reward functions.
-        max_prompt_length (`int` or `None`, *optional*, defaults to `512`):
-            Prompts longer than this (in tokens) keep their last `max_prompt_length` tokens. `None` keeps them whole.
+        max_prompt_length (`int` or `None`, *optional*):
+            Not in TRL 1.16, which always keeps prompts whole, as does the default `None`. When set, prompts longer
+            than this (in tokens) keep their last `max_prompt_length` tokens; each batch that cuts some logs a
+            warning with the count, and `prompts/truncated_ratio` is logged.
         num_generations (`int`, *optional*, defaults to `8`):
             Number of completions sampled per prompt (the group size G of arXiv 2402.03300). Must be at least 2.
             The global generation batch (`per_device_train_batch_size × num_processes × steps_per_generation`)
@@ -130,7 +132,7 @@ class GRPOConfig(TrainingArguments):
         default=False, metadata={"help": "Keep False: extra dataset columns are passed to the reward functions."}
     )
     max_prompt_length: int | None = field(
-        default=512, metadata={"help": "Keep the last `max_prompt_length` prompt tokens; None keeps all."}
+        default=None, metadata={"help": "Opt-in cut: keep the last `max_prompt_length` prompt tokens (None: all)."}
     )
     num_generations: int = field(default=8, metadata={"help": "Completions sampled per prompt (group size G)."})
     max_completion_length: int = field(default=256, metadata={"help": "Maximum tokens per completion."})

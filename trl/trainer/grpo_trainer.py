@@ -8,12 +8,12 @@ syncing in `ref_sync` and `callbacks`.
 
 import json
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sized
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset, IterableDataset
@@ -52,16 +52,32 @@ from .grpo_checkpoint import (  # noqa: F401 (file names re-exported for tests a
     save_reference_state,
 )
 from .grpo_config import GRPOConfig
+from .grpo_inputs import (
+    derived_seed,
+    ends_with_stop,
+    shuffle_and_split,
+    shuffle_seed,
+    split_tensor_dict,  # noqa: F401 (re-exported)
+    stop_token_ids,
+    tokenize_prompts,
+)
 from .grpo_losses import (
     aggregate_loss,
     clipped_surrogate,
     combine_rewards,
     completion_mask,
     group_advantages,
-    group_reward_std,
     kl_k3,
-    masked_mean,
     selective_log_softmax,
+)
+from .grpo_metrics import (
+    clip_ratio_metrics,
+    completion_length_metrics,
+    frac_reward_zero_std,
+    reward_std,
+    sequence_sums,
+    token_mean,
+    window_mean,
 )
 from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter
 
@@ -123,18 +139,6 @@ def is_conversational(example: dict[str, Any]) -> bool:
     """True when the example's `"prompt"` is a list of `{"role", "content"}` messages."""
     prompt = example.get("prompt")
     return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
-
-
-def split_tensor_dict(batch: dict[str, Any], num_chunks: int) -> list[dict[str, Any]]:
-    """Split every tensor with a batch dimension into `num_chunks` equal parts; scalars and `None` are shared."""
-    chunks = [{} for _ in range(num_chunks)]
-    for key, value in batch.items():
-        parts = (
-            value.chunk(num_chunks) if isinstance(value, torch.Tensor) and value.dim() > 0 else [value] * num_chunks
-        )
-        for chunk, part in zip(chunks, parts):
-            chunk[key] = part
-    return chunks
 
 
 def _identity(features):
@@ -291,6 +295,9 @@ class GRPOTrainer(Trainer):
         self.loss_type = args.loss_type
         self.epsilon_low = args.epsilon
         self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        # A completion ends at the tokenizer's EOS or at any EOS of the model's generation config (end-of-turn...).
+        model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_token_ids = stop_token_ids(processing_class.eos_token_id, model_eos)
         generation_kwargs = dict(
             max_new_tokens=args.max_completion_length,
             do_sample=True,
@@ -300,7 +307,7 @@ class GRPOTrainer(Trainer):
             min_p=args.min_p,
             repetition_penalty=args.repetition_penalty,
             pad_token_id=processing_class.pad_token_id,
-            eos_token_id=processing_class.eos_token_id,
+            eos_token_id=self.eos_token_ids,
             bos_token_id=processing_class.bos_token_id,
             disable_compile=True,
         )
@@ -311,7 +318,7 @@ class GRPOTrainer(Trainer):
         self._buffered_inputs: list[dict[str, Any]] | None = None
         self._step: int | None = None
         self._eval_generations = 0  # eval generation batches so far (seeds their sampling)
-        self._total_train_tokens = 0  # prompt + completion tokens seen in training, all processes
+        self._step_time = 0.0  # seconds spent in training_step since the last optimizer step
 
         super().__init__(
             model=model,
@@ -415,7 +422,8 @@ class GRPOTrainer(Trainer):
         steps_per_generation = self.args.steps_per_generation
         if self._step % (steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
             batch = self._generate_and_score_completions(generation_batch)
-            self._buffered_inputs = split_tensor_dict(batch, steps_per_generation)
+            seed = shuffle_seed(self.args.seed, self._step, self.accelerator.process_index)
+            self._buffered_inputs = shuffle_and_split(batch, steps_per_generation, seed)
         inputs = self._buffered_inputs[self._step % steps_per_generation]
         self._step += 1
         return inputs
@@ -483,8 +491,7 @@ class GRPOTrainer(Trainer):
             )
         else:
             position, self._eval_generations = self._eval_generations, self._eval_generations + 1
-        entropy = [self.args.seed, int(mode == "eval"), position, self.accelerator.process_index]
-        seed = int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
+        seed = derived_seed(self.args.seed, int(mode == "eval"), position, self.accelerator.process_index)
         device = self.accelerator.device
         devices = [device] if device.type != "cpu" else []
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
@@ -551,19 +558,8 @@ class GRPOTrainer(Trainer):
         tokenizer = self.processing_class
         prompts = [example["prompt"] for example in inputs]
         conversational = is_conversational(inputs[0])
-        prompts_text = [
-            tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if conversational else p
-            for p in prompts
-        ]
-        encoded = tokenizer(
-            text=prompts_text, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
-        )
-        prompt_ids, prompt_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
-        if self.max_prompt_length is not None:
-            prompt_ids, prompt_mask = (
-                prompt_ids[:, -self.max_prompt_length :],
-                prompt_mask[:, -self.max_prompt_length :],
-            )
+        prompt_ids, prompt_mask, truncated = tokenize_prompts(tokenizer, prompts, self.max_prompt_length)
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
 
         with unwrap_model_for_generation(
             self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
@@ -576,9 +572,8 @@ class GRPOTrainer(Trainer):
                 )
             policy.train(was_training)
         completion_ids = sequences[:, prompt_ids.size(1) :]
-        eos_ids = self.generation_config.eos_token_id
-        full_mask = completion_mask(completion_ids, eos_ids)  # the tokens of each completion
-        terminated = torch.isin(completion_ids, torch.as_tensor(eos_ids, device=device).reshape(-1)).any(dim=1)
+        full_mask = completion_mask(completion_ids, self.eos_token_ids)  # the tokens of each completion
+        terminated = ends_with_stop(completion_ids, full_mask, [*self.eos_token_ids, tokenizer.pad_token_id])
         mask = (
             full_mask * terminated.unsqueeze(1).long() if args.mask_truncated_completions else full_mask
         )  # loss mask
@@ -625,33 +620,31 @@ class GRPOTrainer(Trainer):
 
         # Metrics
         metrics = self._metrics[mode]
-        lengths = gather(full_mask.sum(1)).float()
-        all_terminated = gather(terminated)
-        if mode == "train":
-            self._total_train_tokens += gather(prompt_mask.sum() + full_mask.sum()).sum().item()
-            metrics["num_tokens"] = [self._total_train_tokens]  # cumulative, like TRL
-        metrics["completions/mean_length"].append(lengths.mean().item())
-        metrics["completions/min_length"].append(lengths.min().item())
-        metrics["completions/max_length"].append(lengths.max().item())
-        metrics["completions/clipped_ratio"].append(1.0 - all_terminated.float().mean().item())
+        if mode == "train":  # cumulative prompt + completion tokens, saved with the trainer state
+            self.state.num_input_tokens_seen += gather(prompt_mask.sum() + full_mask.sum()).sum().item()
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        if self.max_prompt_length is not None:
+            metrics["prompts/truncated_ratio"].append(gather(truncated.to(device)).float().mean().item())
+        for key, value in completion_length_metrics(gather(full_mask.sum(1)), gather(terminated)).items():
+            metrics[key].append(value)
         for i, name in enumerate(self.reward_func_names):
             column = rewards_per_func[:, i]
             column = column[~torch.isnan(column)]
             metrics[f"rewards/{name}/mean"].append(column.mean().item() if column.numel() else float("nan"))
             metrics[f"rewards/{name}/std"].append(column.std().item() if column.numel() > 1 else float("nan"))
-        group_std = group_reward_std(rewards, self.num_generations, valid)
         metrics["reward"].append(rewards[valid].mean().item() if valid.any() else float("nan"))
-        metrics["reward_std"].append(group_std.mean().item())
-        metrics["frac_reward_zero_std"].append((group_std == 0).float().mean().item())
+        scored = torch.where(valid, rewards, torch.full_like(rewards, float("nan")))
+        metrics["reward_std"].append(reward_std(scored))
+        metrics["frac_reward_zero_std"].append(frac_reward_zero_std(scored, self.num_generations, args.scale_rewards))
         if args.log_completions and self.accelerator.is_main_process:
             self._last_completions = {
-                "prompt": gather_object(prompts_text),
+                "prompt": gather_object(prompts),
                 "completion": gather_object(completions_text),
                 "reward": rewards.tolist(),
                 "advantage": advantages.tolist(),
             }
         elif args.log_completions:
-            gather_object(prompts_text), gather_object(completions_text)
+            gather_object(prompts), gather_object(completions_text)
         return output
 
     # ---- loss ----
@@ -679,14 +672,21 @@ class GRPOTrainer(Trainer):
         if self.beta != 0.0:
             per_token_kl = kl_k3(per_token_logps, inputs["ref_per_token_logps"])
             per_token_loss = per_token_loss + self.beta * per_token_kl
-            metrics["kl"].append(gather(masked_mean(per_token_kl.detach(), mask)).nanmean().item())
+            metrics["kl"].append(token_mean(gather(sequence_sums(mask, per_token_kl)))[0].item())
         loss = aggregate_loss(
             per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"]
         )
-        low_ratio, high_ratio = masked_mean(low.float(), mask), masked_mean(high.float(), mask)
-        metrics["clip_ratio/low_mean"].append(gather(low_ratio).mean().item())
-        metrics["clip_ratio/high_mean"].append(gather(high_ratio).mean().item())
-        metrics["clip_ratio/region_mean"].append(gather(low_ratio + high_ratio).mean().item())
+        for key, value in clip_ratio_metrics(gather(sequence_sums(mask, low, high, low | high))).items():
+            metrics[key].append(value)
+        return loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        start = time.perf_counter()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._step_time += time.perf_counter() - start
+        if self._step % self.args.gradient_accumulation_steps == 0:  # `step_time`: seconds per optimizer step
+            self._metrics["train"]["step_time"].append(self._step_time)
+            self._step_time = 0.0
         return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -699,7 +699,7 @@ class GRPOTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
-        metrics = {key: sum(values) / len(values) for key, values in self._metrics[mode].items() if values}
+        metrics = {key: window_mean(values) for key, values in self._metrics[mode].items() if values}
         if mode == "eval":
             metrics = {f"eval_{key}": value for key, value in metrics.items()}
         elif self.sync_callback is not None:
