@@ -44,7 +44,7 @@ class GRPOConfig(TrainingArguments):
             Number of completions sampled per prompt (the group size G of arXiv 2402.03300). Must be at least 2.
             The global generation batch (`per_device_train_batch_size × num_processes × steps_per_generation`)
             must be divisible by it.
-        max_completion_length (`int`, *optional*, defaults to `256`):
+        max_completion_length (`int`, *optional*, defaults to `512`):
             Maximum number of tokens per completion.
         shuffle_dataset (`bool`, *optional*, defaults to `True`):
             Shuffle the training prompts (seeded by `seed`).
@@ -116,7 +116,7 @@ class GRPOConfig(TrainingArguments):
 
         log_completions (`bool`, *optional*, defaults to `False`):
             Print a table of prompts, completions and rewards every `logging_steps` steps.
-        num_completions_to_print (`int` or `None`, *optional*, defaults to `4`):
+        num_completions_to_print (`int` or `None`, *optional*):
             Rows of that table; `None` prints all.
     """
 
@@ -135,7 +135,7 @@ class GRPOConfig(TrainingArguments):
         default=None, metadata={"help": "Opt-in cut: keep the last `max_prompt_length` prompt tokens (None: all)."}
     )
     num_generations: int = field(default=8, metadata={"help": "Completions sampled per prompt (group size G)."})
-    max_completion_length: int = field(default=256, metadata={"help": "Maximum tokens per completion."})
+    max_completion_length: int = field(default=512, metadata={"help": "Maximum tokens per completion."})
     shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the training prompts."})
     steps_per_generation: int | None = field(
         default=None, metadata={"help": "Micro-batches per generation batch; defaults to gradient_accumulation_steps."}
@@ -189,7 +189,9 @@ class GRPOConfig(TrainingArguments):
 
     # Logging
     log_completions: bool = field(default=False, metadata={"help": "Print sample completions when logging."})
-    num_completions_to_print: int | None = field(default=4, metadata={"help": "Rows of the completions table."})
+    num_completions_to_print: int | None = field(
+        default=None, metadata={"help": "Rows of the completions table; None prints all."}
+    )
 
     def __post_init__(self):
         if isinstance(self.scale_rewards, bool):
