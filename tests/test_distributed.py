@@ -42,7 +42,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150) -> list[dict]:
+def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150, worker: str = WORKER) -> list[dict]:
     """Run the worker on 2 processes; return each rank's JSON (rank 0 first).
 
     `--standalone` lets the rendezvous pick a free port itself. A launch that fails is retried once: gloo's
@@ -56,7 +56,7 @@ def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150) -> list[dict
         "--standalone",
         "--nproc_per_node",
         "2",
-        WORKER,
+        worker,
         mode,
         model_dir,
         str(out_dir),

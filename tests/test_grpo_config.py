@@ -28,8 +28,9 @@ def test_defaults(base):
     assert args.ref_model_sync_strategy == "steps"
     assert args.learning_rate == 1e-6
     assert args.remove_unused_columns is False
-    assert args.max_prompt_length == 512
-    assert args.max_completion_length == 256
+    assert args.max_prompt_length is None  # TRL 1.16 has no prompt cut
+    assert args.max_completion_length == 512
+    assert args.num_completions_to_print is None
     assert args.temperature == 1.0
     assert args.mask_truncated_completions is False
     assert args.reward_weights is None

@@ -11,6 +11,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trai
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.tasks import closeness_reward, make_arithmetic_dataset
+from trl.trainer.grpo_inputs import shuffle_seed
 
 
 def first_token_reward(completion_ids, **kwargs):
@@ -20,6 +21,19 @@ def first_token_reward(completion_ids, **kwargs):
 
 def last_log_with(trainer, key):
     return [entry for entry in trainer.state.log_history if key in entry][-1]
+
+
+def shuffle_order(trainer, rows, step=0):
+    """The permutation the trainer applied to the generation batch made at micro-step `step` (one process)."""
+    return torch.randperm(rows, generator=torch.Generator().manual_seed(shuffle_seed(trainer.args.seed, step, 0)))
+
+
+def unshuffled(trainer, key, step=0):
+    """`key` of the buffered micro-batches, put back in generation order."""
+    shuffled = torch.cat([chunk[key] for chunk in trainer._buffered_inputs])
+    restored = torch.empty_like(shuffled)
+    restored[shuffle_order(trainer, shuffled.size(0), step)] = shuffled
+    return restored
 
 
 class Recording:
@@ -264,7 +278,7 @@ def test_none_rewards_are_left_out_of_the_group(tiny_lm_path, arithmetic_dataset
     trainer = GRPOTrainer(tiny_lm_path, reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
     trainer.train()
     values = reward.calls[0]["returned"]
-    advantages = torch.cat([chunk["advantages"] for chunk in trainer._buffered_inputs]).tolist()
+    advantages = unshuffled(trainer, "advantages").tolist()
     assert len(advantages) == len(values) == 8
     for g in range(2):
         group = values[4 * g : 4 * g + 4]
@@ -298,8 +312,7 @@ def test_conversational_prompts_and_completions_are_messages(tiny_lm_path, grpo_
     # The policy was prompted with the chat template (generation prompt included).
     rendered = tokenizer.apply_chat_template(call["prompts"][0], tokenize=False, add_generation_prompt=True)
     assert rendered.endswith("<|im_start|>assistant\n") and call["prompts"][0][0]["content"] in rendered
-    prompt_ids = trainer._buffered_inputs[0]["prompt_ids"][0]
-    prompt_mask = trainer._buffered_inputs[0]["prompt_mask"][0]
+    prompt_ids, prompt_mask = unshuffled(trainer, "prompt_ids")[0], unshuffled(trainer, "prompt_mask")[0]
     expected_ids = tokenizer(rendered, add_special_tokens=False)["input_ids"][-grpo_kwargs["max_prompt_length"] :]
     assert prompt_ids[prompt_mask.bool()].tolist() == expected_ids  # the last max_prompt_length tokens
 
@@ -412,6 +425,7 @@ def test_num_iterations_two_uses_old_logps(tiny_lm_path, arithmetic_dataset, grp
             assert diff < 1e-5, (k, diff)
         else:
             assert diff > 1e-4, (k, diff)
+    old = old[shuffle_order(trainer, 8)]  # micro-batches are slices of the shuffled generation batch
     torch.testing.assert_close(micro_steps[2][0], old[:4], rtol=0, atol=0)
     torch.testing.assert_close(micro_steps[3][0], old[4:], rtol=0, atol=0)
     # DAPO normaliser: active tokens of the generation batch / steps_per_generation.

@@ -250,6 +250,8 @@ def test_resume_inside_a_generation_batch_is_exact(model_dir, tmp_path):
     assert all(torch.equal(policy_a[k], policy_c[k]) for k in policy_a)
     ref_a, ref_c = run_a._reference_tensors(), resumed._reference_tensors()
     assert all(torch.equal(ref_a[k], ref_c[k]) for k in ref_a)
+    # `num_tokens` is cumulative and travels with the trainer state.
+    assert resumed.state.num_input_tokens_seen == run_a.state.num_input_tokens_seen > 0
     # Without the saved batch the resumed run regenerates with the moved policy and drifts away.
     os.remove(checkpoint / GENERATION_BUFFER_FILE.format(rank=0))
     drifted = make_trainer(model_dir, tmp_path / "b", **common)

@@ -40,8 +40,10 @@ class GRPOConfig(TrainingArguments):
 
         remove_unused_columns (`bool`, *optional*, defaults to `False`):
             Keep this `False`: every dataset column except `"prompt"` is passed to the reward functions.
-        max_prompt_length (`int` or `None`, *optional*, defaults to `512`):
-            Prompts longer than this (in tokens) keep their last `max_prompt_length` tokens. `None` keeps them whole.
+        max_prompt_length (`int` or `None`, *optional*):
+            Not in TRL 1.16, which always keeps prompts whole, as does the default `None`. When set, prompts longer
+            than this (in tokens) keep their last `max_prompt_length` tokens; each batch that cuts some logs a
+            warning with the count, and `prompts/truncated_ratio` is logged.
         num_generations (`int`, *optional*, defaults to `8`):
             Number of completions sampled per prompt (the group size G of arXiv 2402.03300). Must be at least 2.
             The global generation batch (`per_device_train_batch_size × num_processes × steps_per_generation`)
@@ -50,7 +52,7 @@ class GRPOConfig(TrainingArguments):
             Group size for evaluation (1 is allowed: every completion is then its own group, with advantage 0 and
             reward std 0). `None` uses `num_generations`. The global eval batch (`per_device_eval_batch_size ×
             num_processes`) must be divisible by it.
-        max_completion_length (`int`, *optional*, defaults to `256`):
+        max_completion_length (`int`, *optional*, defaults to `512`):
             Maximum number of tokens per completion.
         shuffle_dataset (`bool`, *optional*, defaults to `True`):
             Shuffle the training prompts (seeded by `seed`).
@@ -139,7 +141,7 @@ class GRPOConfig(TrainingArguments):
 
         log_completions (`bool`, *optional*, defaults to `False`):
             Print a table of prompts, completions and rewards every `logging_steps` steps.
-        num_completions_to_print (`int` or `None`, *optional*, defaults to `4`):
+        num_completions_to_print (`int` or `None`, *optional*):
             Rows of that table; `None` prints all.
         log_unique_prompts (`bool`, *optional*, defaults to `False`):
             Keep only the first completion of each prompt in the completions table.
@@ -183,13 +185,13 @@ class GRPOConfig(TrainingArguments):
         default=False, metadata={"help": "Keep False: extra dataset columns are passed to the reward functions."}
     )
     max_prompt_length: int | None = field(
-        default=512, metadata={"help": "Keep the last `max_prompt_length` prompt tokens; None keeps all."}
+        default=None, metadata={"help": "Opt-in cut: keep the last `max_prompt_length` prompt tokens (None: all)."}
     )
     num_generations: int = field(default=8, metadata={"help": "Completions sampled per prompt (group size G)."})
     num_generations_eval: int | None = field(
         default=None, metadata={"help": "Group size for evaluation (1 allowed); None uses num_generations."}
     )
-    max_completion_length: int = field(default=256, metadata={"help": "Maximum tokens per completion."})
+    max_completion_length: int = field(default=512, metadata={"help": "Maximum tokens per completion."})
     shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the training prompts."})
     steps_per_generation: int | None = field(
         default=None, metadata={"help": "Micro-batches per generation batch; defaults to gradient_accumulation_steps."}
@@ -261,7 +263,9 @@ class GRPOConfig(TrainingArguments):
 
     # Logging
     log_completions: bool = field(default=False, metadata={"help": "Print sample completions when logging."})
-    num_completions_to_print: int | None = field(default=4, metadata={"help": "Rows of the completions table."})
+    num_completions_to_print: int | None = field(
+        default=None, metadata={"help": "Rows of the completions table; None prints all."}
+    )
     log_unique_prompts: bool = field(default=False, metadata={"help": "One row per prompt in the completions table."})
     log_multimodal: bool = field(default=True, metadata={"help": "TRL compatibility; text-only here (no effect)."})
 

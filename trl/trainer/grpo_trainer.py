@@ -8,16 +8,15 @@ pipeline in `grpo_rewards`, the reference syncing in `ref_sync` and `callbacks`.
 
 import json
 import os
+import time
 from collections import defaultdict
 from collections.abc import Sized
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset, IterableDataset
-from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import Sampler
 from transformers import (
@@ -40,17 +39,44 @@ from ..models.utils import (
     use_adapter,
 )
 from .callbacks import SyncRefModelCallback
+from .grpo_checkpoint import (  # noqa: F401 (file names re-exported for tests and users)
+    GENERATION_BUFFER_FILE,
+    REF_ADAPTER_FILE,
+    REF_MODEL_FILE,
+    REF_SYNC_STATE_FILE,
+    load_generation_buffer,
+    load_reference_state,
+    reference_tensors,
+    save_generation_buffer,
+    save_reference_state,
+)
 from .grpo_config import GRPOConfig
+from .grpo_inputs import (
+    derived_seed,
+    ends_with_stop,
+    shuffle_and_split,
+    shuffle_seed,
+    split_tensor_dict,  # noqa: F401 (re-exported)
+    stop_token_ids,
+    tokenize_prompts,
+)
 from .grpo_losses import (
     aggregate_loss,
     clipped_surrogate,
     completion_mask,
-    group_reward_std,
     importance_weighted_kl,
     kl_k3,
-    masked_mean,
     pad_to_multiple,
     selective_log_softmax,
+)
+from .grpo_metrics import (
+    clip_ratio_metrics,
+    completion_length_metrics,
+    frac_reward_zero_std,
+    reward_std,
+    sequence_sums,
+    token_mean,
+    window_mean,
 )
 from .grpo_rewards import (
     RewardEventLoop,
@@ -63,15 +89,10 @@ from .grpo_rewards import (
     load_reward_funcs,
     reward_metrics,
 )
-from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter, gathered_tensor, named_float_tensors
+from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter
 
 
 logger = logging.get_logger(__name__)
-
-REF_MODEL_FILE = "ref_model.safetensors"  # full fine-tuning: the synced reference's weights
-REF_ADAPTER_FILE = "ref_adapter.safetensors"  # PEFT: the reference adapter's tensors
-REF_SYNC_STATE_FILE = "ref_sync_state.json"  # sync counters
-GENERATION_BUFFER_FILE = "generation_buffer_rank{rank}.pt"  # the rest of a generation batch cut by a checkpoint
 
 
 class RepeatSampler(Sampler):
@@ -125,18 +146,6 @@ def is_conversational(example: dict[str, Any]) -> bool:
     """True when the example's `"prompt"` is a list of `{"role", "content"}` messages."""
     prompt = example.get("prompt")
     return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
-
-
-def split_tensor_dict(batch: dict[str, Any], num_chunks: int) -> list[dict[str, Any]]:
-    """Split every tensor with a batch dimension into `num_chunks` equal parts; scalars and `None` are shared."""
-    chunks = [{} for _ in range(num_chunks)]
-    for key, value in batch.items():
-        parts = (
-            value.chunk(num_chunks) if isinstance(value, torch.Tensor) and value.dim() > 0 else [value] * num_chunks
-        )
-        for chunk, part in zip(chunks, parts):
-            chunk[key] = part
-    return chunks
 
 
 def _identity(features):
@@ -260,6 +269,7 @@ class GRPOTrainer(Trainer):
         elif args.beta != 0.0 and (args.sync_ref_model or given_peft_model):
             add_reference_adapter(model, REFERENCE_ADAPTER)
             self.ref_adapter = REFERENCE_ADAPTER
+        self._reference_file = REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE
         if args.disable_dropout:
             for m in (model, self.ref_model):
                 if m is not None:
@@ -273,6 +283,9 @@ class GRPOTrainer(Trainer):
         self.loss_type = args.loss_type
         self.epsilon_low = args.epsilon
         self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        # A completion ends at the tokenizer's EOS or at any EOS of the model's generation config (end-of-turn...).
+        model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_token_ids = stop_token_ids(processing_class.eos_token_id, model_eos)
         generation_kwargs = dict(
             max_new_tokens=args.max_completion_length,
             do_sample=True,
@@ -282,7 +295,7 @@ class GRPOTrainer(Trainer):
             min_p=args.min_p,
             repetition_penalty=args.repetition_penalty,
             pad_token_id=processing_class.pad_token_id,
-            eos_token_id=processing_class.eos_token_id,
+            eos_token_id=self.eos_token_ids,
             bos_token_id=processing_class.bos_token_id,
             disable_compile=True,
         )
@@ -293,7 +306,7 @@ class GRPOTrainer(Trainer):
         self._buffered_inputs: list[dict[str, Any]] | None = None
         self._step: int | None = None
         self._eval_generations = 0  # eval generation batches so far (seeds their sampling)
-        self._total_train_tokens = 0  # prompt + completion tokens seen in training, all processes
+        self._step_time = 0.0  # seconds spent in training_step since the last optimizer step
 
         super().__init__(
             model=model,
@@ -366,79 +379,29 @@ class GRPOTrainer(Trainer):
         if checkpoint:
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
-            self._load_generation_buffer(checkpoint)
+            saved = load_generation_buffer(checkpoint, self.accelerator.process_index, self.accelerator.device)
+            self._step, self._buffered_inputs = saved or (None, None)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
-    # ---- checkpoints: the synced reference travels with the policy ----
+    # ---- checkpoints: the synced reference and the cut generation batch travel with the policy ----
 
     def _reference_tensors(self) -> dict[str, torch.Tensor]:
-        """The reference's own tensors by name (this rank's view): the reference model's parameters and floating
-        buffers, or the parameters of the PEFT reference adapter."""
-        if self.ref_model is not None:
-            return dict(named_float_tensors(self.accelerator.unwrap_model(self.ref_model)))
-        policy = self.accelerator.unwrap_model(self.model)
-        return {name: p for name, p in policy.named_parameters() if self.ref_adapter in name.split(".")}
+        ref_model = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
+        return reference_tensors(ref_model, self.accelerator.unwrap_model(self.model), self.ref_adapter)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        self._save_generation_buffer(folder)
-        if self.sync_callback is None:
-            return
-        # Sharded references (ZeRO-3, FSDP2) are gathered one tensor at a time; every rank takes part.
-        state = {}
-        for name, tensor in self._reference_tensors().items():
-            with gathered_tensor(tensor, modify=False) as full:
-                if self.args.should_save:
-                    state[name] = full.detach().to("cpu", copy=True).contiguous()
-        if not self.args.should_save:
-            return
-        save_file(state, os.path.join(folder, REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE))
-        with open(os.path.join(folder, REF_SYNC_STATE_FILE), "w") as f:
-            json.dump(self.sync_callback.state_dict(), f)
-
-    def _generation_buffer_file(self, folder: str) -> str:
-        return os.path.join(folder, GENERATION_BUFFER_FILE.format(rank=self.accelerator.process_index))
-
-    def _save_generation_buffer(self, folder: str) -> None:
-        """A checkpoint inside a generation batch keeps the rest of that batch (this process's slices), so that a
-        resumed run trains on the same completions, advantages and old log-probs as the uninterrupted one."""
-        if self._buffered_inputs is None or self._step % (self.args.steps_per_generation * self.num_iterations) == 0:
-            return
-        os.makedirs(folder, exist_ok=True)
-        torch.save({"step": self._step, "inputs": self._buffered_inputs}, self._generation_buffer_file(folder))
-
-    def _load_generation_buffer(self, checkpoint: str) -> None:
-        path = self._generation_buffer_file(checkpoint)
-        if os.path.exists(path):
-            saved = torch.load(path, map_location=self.accelerator.device, weights_only=True)
-            self._step, self._buffered_inputs = saved["step"], saved["inputs"]
+        if self._buffered_inputs is not None and self._step % (self.args.steps_per_generation * self.num_iterations):
+            save_generation_buffer(folder, self.accelerator.process_index, self._step, self._buffered_inputs)
+        if self.sync_callback is not None:
+            state, file = self.sync_callback.state_dict(), self._reference_file
+            save_reference_state(self._reference_tensors(), folder, file, state, self.args.should_save)
 
     def _load_reference_state(self, checkpoint: str) -> None:
-        """Restore the synced reference (and the sync counters) saved in `checkpoint`; warn when there is none.
-
-        Raises:
-            ValueError: if the saved tensors do not match the reference's names.
-        """
-        weights = os.path.join(checkpoint, REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE)
-        if not os.path.exists(weights):
-            logger.warning(
-                f"Checkpoint {checkpoint} has no synced reference model ({os.path.basename(weights)}): the reference "
-                "restarts from the initial model, so the KL anchor jumps back to where training began. Checkpoints "
-                "written by this version with sync_ref_model=True include it."
-            )
-            return
-        saved, tensors = load_file(weights), self._reference_tensors()
-        if set(saved) != set(tensors):
-            raise ValueError(
-                f"{weights} does not match the reference model: {sorted(set(saved) ^ set(tensors))[:5]} differ."
-            )
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                with gathered_tensor(tensor, modify=True) as full:
-                    full.copy_(saved[name])
-        with open(os.path.join(checkpoint, REF_SYNC_STATE_FILE)) as f:
-            self.sync_callback.load_state_dict(json.load(f))
+        state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file)
+        if state is not None:
+            self.sync_callback.load_state_dict(state)
 
     def _prepare_inputs(self, generation_batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Return the micro-batch to train on: generate for a new generation batch, else slice the buffered one."""
@@ -449,7 +412,8 @@ class GRPOTrainer(Trainer):
         steps_per_generation = self.args.steps_per_generation
         if self._step % (steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
             batch = self._generate_and_score_completions(generation_batch)
-            self._buffered_inputs = split_tensor_dict(batch, steps_per_generation)
+            seed = shuffle_seed(self.args.seed, self._step, self.accelerator.process_index)
+            self._buffered_inputs = shuffle_and_split(batch, steps_per_generation, seed)
         inputs = self._buffered_inputs[self._step % steps_per_generation]
         self._step += 1
         return inputs
@@ -517,8 +481,7 @@ class GRPOTrainer(Trainer):
             )
         else:
             position, self._eval_generations = self._eval_generations, self._eval_generations + 1
-        entropy = [self.args.seed, int(mode == "eval"), position, self.accelerator.process_index]
-        seed = int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
+        seed = derived_seed(self.args.seed, int(mode == "eval"), position, self.accelerator.process_index)
         device = self.accelerator.device
         devices = [device] if device.type != "cpu" else []
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
@@ -555,26 +518,12 @@ class GRPOTrainer(Trainer):
         tokenizer = self.processing_class
         prompts = [example["prompt"] for example in inputs]
         conversational = is_conversational(inputs[0])
-        prompts_text = [
-            tokenizer.apply_chat_template(
-                p, tokenize=False, add_generation_prompt=True, **(args.chat_template_kwargs or {})
-            )
-            if conversational
-            else p
-            for p in prompts
-        ]
-        encoded = tokenizer(
-            text=prompts_text, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+        prompt_ids, prompt_mask, truncated = tokenize_prompts(
+            tokenizer, prompts, self.max_prompt_length, args.chat_template_kwargs
         )
-        prompt_ids, prompt_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
-        if self.max_prompt_length is not None:
-            prompt_ids, prompt_mask = (
-                prompt_ids[:, -self.max_prompt_length :],
-                prompt_mask[:, -self.max_prompt_length :],
-            )
         multiple, pad_id = args.pad_to_multiple_of, tokenizer.pad_token_id
-        prompt_ids = pad_to_multiple(prompt_ids, multiple, pad_id, side="left")
-        prompt_mask = pad_to_multiple(prompt_mask, multiple, 0, side="left")
+        prompt_ids = pad_to_multiple(prompt_ids.to(device), multiple, pad_id, side="left")
+        prompt_mask = pad_to_multiple(prompt_mask.to(device), multiple, 0, side="left")
 
         with unwrap_model_for_generation(
             self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
@@ -587,9 +536,8 @@ class GRPOTrainer(Trainer):
                 )
             policy.train(was_training)
         completion_ids = sequences[:, prompt_ids.size(1) :]
-        eos_ids = self.generation_config.eos_token_id
-        full_mask = completion_mask(completion_ids, eos_ids)  # the tokens of each completion
-        terminated = torch.isin(completion_ids, torch.as_tensor(eos_ids, device=device).reshape(-1)).any(dim=1)
+        full_mask = completion_mask(completion_ids, self.eos_token_ids)  # the tokens of each completion
+        terminated = ends_with_stop(completion_ids, full_mask, [*self.eos_token_ids, tokenizer.pad_token_id])
         mask = (
             full_mask * terminated.unsqueeze(1).long() if args.mask_truncated_completions else full_mask
         )  # loss mask
@@ -640,15 +588,13 @@ class GRPOTrainer(Trainer):
 
         # Metrics
         metrics = self._metrics[mode]
-        lengths = gather(full_mask.sum(1)).float()
-        all_terminated = gather(terminated)
-        if mode == "train":
-            self._total_train_tokens += gather(prompt_mask.sum() + full_mask.sum()).sum().item()
-            metrics["num_tokens"] = [self._total_train_tokens]  # cumulative, like TRL
-        metrics["completions/mean_length"].append(lengths.mean().item())
-        metrics["completions/min_length"].append(lengths.min().item())
-        metrics["completions/max_length"].append(lengths.max().item())
-        metrics["completions/clipped_ratio"].append(1.0 - all_terminated.float().mean().item())
+        if mode == "train":  # cumulative prompt + completion tokens, saved with the trainer state
+            self.state.num_input_tokens_seen += gather(prompt_mask.sum() + full_mask.sum()).sum().item()
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        if self.max_prompt_length is not None:
+            metrics["prompts/truncated_ratio"].append(gather(truncated.to(device)).float().mean().item())
+        for key, value in completion_length_metrics(gather(full_mask.sum(1)), gather(terminated)).items():
+            metrics[key].append(value)
         extra_columns, hook_metrics = self._reward_hooks.pop(
             len(prompts), gather_object, lambda t: gather(t.to(device)).cpu()
         )
@@ -656,11 +602,12 @@ class GRPOTrainer(Trainer):
             metrics[key].append(value)
         for key, value in hook_metrics.items():
             metrics[key].append(value)
-        group_std = group_reward_std(rewards, group_size, valid)
-        metrics["reward_std"].append(group_std.mean().item())
-        metrics["frac_reward_zero_std"].append((group_std == 0).float().mean().item())
+        scored = torch.where(valid, rewards, torch.full_like(rewards, float("nan")))
+        metrics["reward_std"].append(reward_std(scored))
+        std_scope = "batch" if args.multi_objective_aggregation == "normalize_then_sum" else args.scale_rewards
+        metrics["frac_reward_zero_std"].append(frac_reward_zero_std(scored, group_size, std_scope))
         if args.log_completions:
-            prompts_all, completions_all = gather_object(prompts_text), gather_object(completions_text)
+            prompts_all, completions_all = gather_object(prompts), gather_object(completions_text)
             table = {"prompt": prompts_all, "completion": completions_all, "reward": rewards.tolist(), **extra_columns}
             table = completions_table({**table, "advantage": advantages.tolist()}, args.log_unique_prompts)
             self._last_completions = table if self.accelerator.is_main_process else {}
@@ -693,14 +640,21 @@ class GRPOTrainer(Trainer):
             if self.args.use_bias_correction_kl:
                 per_token_kl = importance_weighted_kl(per_token_kl, per_token_logps, old_per_token_logps)
             per_token_loss = per_token_loss + self.beta * per_token_kl
-            metrics["kl"].append(gather(masked_mean(per_token_kl.detach(), mask)).nanmean().item())
+            metrics["kl"].append(token_mean(gather(sequence_sums(mask, per_token_kl)))[0].item())
         loss = aggregate_loss(
             per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"]
         )
-        low_ratio, high_ratio = masked_mean(low.float(), mask), masked_mean(high.float(), mask)
-        metrics["clip_ratio/low_mean"].append(gather(low_ratio).mean().item())
-        metrics["clip_ratio/high_mean"].append(gather(high_ratio).mean().item())
-        metrics["clip_ratio/region_mean"].append(gather(low_ratio + high_ratio).mean().item())
+        for key, value in clip_ratio_metrics(gather(sequence_sums(mask, low, high, low | high))).items():
+            metrics[key].append(value)
+        return loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        start = time.perf_counter()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._step_time += time.perf_counter() - start
+        if self._step % self.args.gradient_accumulation_steps == 0:  # `step_time`: seconds per optimizer step
+            self._metrics["train"]["step_time"].append(self._step_time)
+            self._step_time = 0.0
         return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -713,7 +667,7 @@ class GRPOTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
-        metrics = {key: sum(values) / len(values) for key, values in self._metrics[mode].items() if values}
+        metrics = {key: window_mean(values) for key, values in self._metrics[mode].items() if values}
         if mode == "eval":
             metrics = {f"eval_{key}": value for key, value in metrics.items()}
         elif self.sync_callback is not None:

@@ -1,0 +1,243 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""trl/trainer/grpo_inputs.py: prompt token ids as TRL 1.16 builds them for every common tokenizer family, stop
+tokens, the seeded micro-batch shuffle (and what it does to `loss_type="bnpo"`), and the trainer using them."""
+
+import logging
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.grpo_inputs import (
+    derived_seed,
+    ends_with_stop,
+    shuffle_and_split,
+    shuffle_seed,
+    split_tensor_dict,
+    stop_token_ids,
+    tokenize_prompts,
+)
+from trl.trainer.grpo_losses import aggregate_loss, completion_mask
+
+
+# ---------------------------------------------------------------- tokenizers of each family, built locally
+
+WORDS = ["1+1=", "2+3=", "What", "is", "?", "You", "are", "a", "helpful", "assistant", ".", "Be", "brief", "user"]
+WORDS += ["system", "model", "<start_of_turn>", "<end_of_turn>", "<|start_header_id|>", "<|end_header_id|>"]
+WORDS += ["<|eot_id|>", "<|im_start|>", "<|im_end|>", "\n", "\n\n", " ", "assistant.", "2+3"]
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+QWEN_TEMPLATE = (  # a default system turn when the conversation has none
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}"
+    "\n{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def build_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """`llama`: BOS added to text, template writes BOS, no pad token (EOS pads). `qwen`: no BOS, default system turn.
+    `gemma`: BOS added to text and written by the template. `bos_eos`: BOS and EOS added to text, Llama-3 template."""
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {w: i for i, w in enumerate(specials + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s+|\S+"), behavior="isolated")
+    bos, eos = vocab["<s>"], vocab["</s>"]
+    if family in ("llama", "gemma"):
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    elif family == "bos_eos":
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", special_tokens=[("<s>", bos), ("</s>", eos)]
+        )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None if family == "qwen" else "<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token=None if family == "llama" else "<pad>",
+        chat_template={"llama": LLAMA3_TEMPLATE, "qwen": QWEN_TEMPLATE, "gemma": GEMMA_TEMPLATE}.get(
+            family, LLAMA3_TEMPLATE
+        ),
+        additional_special_tokens=[w for w in WORDS if w.startswith("<")],
+    )
+    if tokenizer.pad_token is None:  # as the trainer does
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+STANDARD = ["1+1=", "What is 2+3= ?"]
+CHATS = [
+    [{"role": "user", "content": "1+1="}],
+    [{"role": "system", "content": "Be brief ."}, {"role": "user", "content": "What is 2+3= ?"}],
+]
+QUESTION = ["What", " ", "is", " ", "2+3=", " ", "?"]
+LLAMA3_CHAT = [
+    ["<s>", "<|start_header_id|>", "user", "<|end_header_id|>", "\n\n", "1+1=", "<|eot_id|>"]
+    + ["<|start_header_id|>", "assistant", "<|end_header_id|>", "\n\n"],
+    ["<s>", "<|start_header_id|>", "system", "<|end_header_id|>", "\n\n", "Be", " ", "brief", " ", ".", "<|eot_id|>"]
+    + ["<|start_header_id|>", "user", "<|end_header_id|>", "\n\n", *QUESTION, "<|eot_id|>"]
+    + ["<|start_header_id|>", "assistant", "<|end_header_id|>", "\n\n"],
+]
+# Produced by TRL 1.16.0's own code path (GRPOTrainer._tokenize_prompts, then left padding) on these tokenizers.
+UPSTREAM_TOKENS = {
+    "llama/standard": [["<s>", "1+1="], ["<s>", *QUESTION]],
+    "llama/chat": LLAMA3_CHAT,
+    "qwen/standard": [["1+1="], QUESTION],
+    "qwen/chat": [
+        ["<|im_start|>", "system", "\n", "You", " ", "are", " ", "a", " ", "helpful", " ", "assistant.", "<|im_end|>"]
+        + ["\n", "<|im_start|>", "user", "\n", "1+1=", "<|im_end|>", "\n", "<|im_start|>", "assistant", "\n"],
+        ["<|im_start|>", "system", "\n", "Be", " ", "brief", " ", ".", "<|im_end|>", "\n", "<|im_start|>", "user"]
+        + ["\n", *QUESTION, "<|im_end|>", "\n", "<|im_start|>", "assistant", "\n"],
+    ],
+    "gemma/standard": [["<s>", "1+1="], ["<s>", *QUESTION]],
+    "gemma/chat": [
+        ["<s>", "<start_of_turn>", "user", "\n", "1+1=", "<end_of_turn>", "\n", "<start_of_turn>", "model", "\n"],
+        ["<s>", "<start_of_turn>", "system", "\n", "Be", " ", "brief", " ", ".", "<end_of_turn>", "\n"]
+        + ["<start_of_turn>", "user", "\n", *QUESTION, "<end_of_turn>", "\n", "<start_of_turn>", "model", "\n"],
+    ],
+    "bos_eos/standard": [["<s>", "1+1=", "</s>"], ["<s>", *QUESTION, "</s>"]],
+    "bos_eos/chat": LLAMA3_CHAT,  # the template's text gets no extra special tokens
+}
+
+
+@pytest.mark.parametrize("case", sorted(UPSTREAM_TOKENS))
+def test_prompt_ids_match_trl_for_every_tokenizer_family(case):
+    family, kind = case.split("/")
+    tokenizer = build_tokenizer(family)
+    prompt_ids, prompt_mask, truncated = tokenize_prompts(tokenizer, STANDARD if kind == "standard" else CHATS)
+    expected = [tokenizer.convert_tokens_to_ids(tokens) for tokens in UPSTREAM_TOKENS[case]]
+    width = max(map(len, expected))
+    assert prompt_ids.tolist() == [[tokenizer.pad_token_id] * (width - len(row)) + row for row in expected]
+    assert prompt_mask.tolist() == [[0] * (width - len(row)) + [1] * len(row) for row in expected]
+    assert prompt_ids.dtype == prompt_mask.dtype == torch.long
+    assert truncated.tolist() == [False, False]
+
+
+def test_max_prompt_length_keeps_the_last_tokens_and_warns_with_counts(caplog):
+    tokenizer = build_tokenizer("llama")
+    with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_inputs"):
+        prompt_ids, prompt_mask, truncated = tokenize_prompts(tokenizer, STANDARD, max_prompt_length=3)
+    assert truncated.tolist() == [False, True]
+    assert prompt_ids.tolist() == [[2, 1, 4], tokenizer.convert_tokens_to_ids(QUESTION[-3:])]  # pad = EOS = 2
+    assert prompt_mask.tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert "max_prompt_length=3 cut 1 of 2 prompts in this batch (longest: 8 tokens)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_inputs"):
+        tokenize_prompts(tokenizer, STANDARD, max_prompt_length=8)
+    assert caplog.text == ""
+
+
+# ---------------------------------------------------------------- stopping
+
+
+def test_stop_token_ids_add_every_model_eos_after_the_tokenizers():
+    assert stop_token_ids(2, [2, 1]) == [2, 1]
+    assert stop_token_ids(2, [7, 1]) == [2, 7, 1]
+    assert stop_token_ids(2, 1) == [2, 1]
+    assert stop_token_ids(2, 2) == [2]
+    assert stop_token_ids(2, None) == [2]
+
+
+def test_mask_is_cut_at_any_stop_token_and_truncation_is_read_from_the_last_token():
+    ids = torch.tensor([[5, 1, 0, 0], [5, 6, 2, 0], [5, 6, 7, 8], [5, 6, 7, 0]])  # pad = 0
+    mask = completion_mask(ids, stop_token_ids(2, [2, 1]))
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]
+    # Like TRL, a completion whose last token is the pad token counts as ended.
+    assert ends_with_stop(ids, mask, [2, 1, 0]).tolist() == [True, True, False, True]
+
+
+def test_trainer_stops_at_the_model_generation_config_eos(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """With every token but the tokenizer's EOS listed in `generation_config.eos_token_id`, TRL stops after one
+    token: so must we (we used to stop only at the tokenizer's EOS)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path)
+    tokenizer_eos = 0  # <|endoftext|> of the tiny tokenizer
+    model.generation_config.eos_token_id = [i for i in range(model.config.vocab_size) if i != tokenizer_eos]
+    trainer = GRPOTrainer(
+        model,
+        lambda completions, **kw: [0.0] * len(completions),
+        args=GRPOConfig(**grpo_kwargs),
+        train_dataset=arithmetic_dataset,
+    )
+    assert trainer.processing_class.eos_token_id == tokenizer_eos
+    assert trainer.eos_token_ids[:2] == [0, 1] and len(trainer.eos_token_ids) == model.config.vocab_size
+    assert trainer.generation_config.eos_token_id == trainer.eos_token_ids
+    trainer.model.train()
+    output = trainer._generate_and_score_completions([arithmetic_dataset[0]] * 4)
+    assert output["completion_ids"].shape == (4, 1) and output["completion_mask"].tolist() == [[1]] * 4
+    metrics = {key: values[-1] for key, values in trainer._metrics["train"].items()}
+    assert metrics["completions/max_length"] == metrics["completions/mean_terminated_length"] == 1.0
+    assert metrics["completions/clipped_ratio"] == 0.0
+
+
+# ---------------------------------------------------------------- micro-batches
+
+
+def test_shuffle_and_split_permutes_every_tensor_in_unison_and_is_seeded():
+    batch = {"a": torch.arange(8), "b": torch.arange(16).view(8, 2), "n": torch.tensor(3.0), "none": None}
+    chunks = shuffle_and_split(batch, 2, seed=123)
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(123))
+    assert torch.cat([c["a"] for c in chunks]).tolist() == order.tolist()
+    assert torch.equal(torch.cat([c["b"] for c in chunks]), batch["b"][order])
+    assert all(c["n"].item() == 3.0 and c["none"] is None for c in chunks)
+    again = shuffle_and_split(batch, 2, seed=123)
+    assert all(torch.equal(x["b"], y["b"]) for x, y in zip(chunks, again))
+    assert [c["a"].tolist() for c in split_tensor_dict(batch, 2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert shuffle_seed(0, 4, 1) == derived_seed(0, 2, 4, 1) != shuffle_seed(0, 4, 0)
+
+
+def bnpo_group_weights(micro_batches: list[dict], gradient_accumulation_steps: int) -> list[float]:
+    """Share of the gradient of a per-token loss of 1 that each group gets under `loss_type="bnpo"`: the derivative
+    of Σ_mb aggregate_loss(mb) / GA with respect to every token, summed per group."""
+    weights = torch.zeros(2)
+    for mb in micro_batches:
+        per_token = torch.ones(mb["mask"].shape, requires_grad=True)
+        (aggregate_loss(per_token, mb["mask"], "bnpo") / gradient_accumulation_steps).backward()
+        for g in range(2):
+            weights[g] += per_token.grad[mb["group"] == g].sum()
+    return weights.tolist()
+
+
+def test_bnpo_micro_batches_mix_groups_as_in_trl():
+    """Two groups of 4 completions, 2 and 8 tokens long; gradient accumulation = steps_per_generation = 2."""
+    lengths = torch.tensor([2] * 4 + [8] * 4)
+    batch = {"mask": (torch.arange(8).unsqueeze(0) < lengths.unsqueeze(1)).long(), "group": torch.arange(8) // 4}
+    # Groups kept together (what we did): one micro-batch per group, each gets half of the gradient.
+    assert bnpo_group_weights(split_tensor_dict(batch, 2), 2) == pytest.approx([0.5, 0.5])
+    # Two completions of each group per micro-batch: 4 + 16 tokens each, the short group gets 8 / 40.
+    seed = next(
+        s
+        for s in range(100)
+        if sorted(torch.randperm(8, generator=torch.Generator().manual_seed(s))[:4] // 4) == [0, 0, 1, 1]
+    )
+    assert bnpo_group_weights(shuffle_and_split(batch, 2, seed), 2) == pytest.approx([0.2, 0.8])
+    # TRL shuffles uniformly; over seeds the short group's weight averages the hypergeometric mix of the splits
+    # (k short completions in the first micro-batch, P(k) = C(4,k)·C(4,4-k)/70): ≈ 0.233, not 0.5.
+    split_weight = {0: 0.5, 1: 0.5 * 2 / 26 + 0.5 * 6 / 14, 2: 0.2, 3: 0.5 * 2 / 26 + 0.5 * 6 / 14, 4: 0.5}
+    expected = sum(split_weight[k] * p for k, p in zip(range(5), (1 / 70, 16 / 70, 36 / 70, 16 / 70, 1 / 70)))
+    assert expected == pytest.approx(0.2327, abs=1e-4)
+    mean = sum(bnpo_group_weights(shuffle_and_split(batch, 2, s), 2)[0] for s in range(400)) / 400
+    assert mean == pytest.approx(expected, abs=0.01)
+
+
+def test_trainer_micro_batches_are_the_seeded_shuffle_of_the_generation_batch(
+    tiny_lm_path, arithmetic_dataset, grpo_kwargs
+):
+    args = GRPOConfig(**{**grpo_kwargs, "gradient_accumulation_steps": 2})
+    zero = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
+    trainer = GRPOTrainer(tiny_lm_path, zero, args=args, train_dataset=arithmetic_dataset)
+    generated = {"row": torch.arange(8), "num_items_in_batch": torch.tensor(5.0)}
+    trainer._generate_and_score_completions = lambda inputs: generated
+    trainer.model.train()
+    first, second = trainer._prepare_inputs(None), trainer._prepare_inputs(None)
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(shuffle_seed(args.seed, 0, 0)))
+    assert torch.cat([first["row"], second["row"]]).tolist() == order.tolist()
+    assert first["num_items_in_batch"].item() == 5.0
+    assert trainer._step == 2
