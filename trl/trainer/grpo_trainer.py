@@ -40,7 +40,7 @@ from ..models.utils import (
     unwrap_model_for_generation,
     use_adapter,
 )
-from .callbacks import SyncRefModelCallback
+from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
 from .grpo_config import GRPOConfig
 from .grpo_losses import (
     aggregate_loss,
@@ -55,6 +55,7 @@ from .grpo_losses import (
     selective_log_softmax,
 )
 from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter, gathered_tensor, named_float_tensors
+from .reward_model_refresh import RewardModelRefresh
 
 
 logger = logging.get_logger(__name__)
@@ -182,6 +183,9 @@ class GRPOTrainer(Trainer):
             `(optimizer, lr_scheduler)`, as in [`~transformers.Trainer`].
         peft_config ([`~peft.PeftConfig`], *optional*):
             Train a PEFT adapter instead of the whole model.
+        reward_model_label_func (`Callable`, *optional*):
+            Labels for training the reward models when `reward_model_update_steps` is set: called like a reward
+            function, it returns one label (or `None`: not used) per completion.
 
     Raises:
         ValueError: for reward weights that do not match the reward functions, a dataset without `"prompt"`, or an
@@ -202,6 +206,7 @@ class GRPOTrainer(Trainer):
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple = (None, None),
         peft_config=None,
+        reward_model_label_func: Callable[..., list[float | None]] | None = None,
     ):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
@@ -348,6 +353,9 @@ class GRPOTrainer(Trainer):
             else:
                 self.sync_callback = SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator)
                 self.add_callback(self.sync_callback)
+        self.reward_model_refresh = RewardModelRefresh.for_trainer(self, reward_model_label_func)  # None: frozen
+        if self.reward_model_refresh is not None:  # registered before the sync: update, then reset the reference
+            RewardModelRefreshCallback(self.reward_model_refresh).register(self.callback_handler)
 
     # ---- data ----
 
@@ -378,6 +386,8 @@ class GRPOTrainer(Trainer):
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
             self._load_generation_buffer(checkpoint)
+            if self.reward_model_refresh is not None:
+                self.reward_model_refresh.load(checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
     # ---- checkpoints: the synced reference travels with the policy ----
@@ -394,6 +404,8 @@ class GRPOTrainer(Trainer):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self._save_generation_buffer(folder)
+        if self.reward_model_refresh is not None:
+            self.reward_model_refresh.save(folder, self.args.should_save)
         if self.sync_callback is None:
             return
         # Sharded references (ZeRO-3, FSDP2) are gathered one tensor at a time; every rank takes part.
@@ -634,6 +646,8 @@ class GRPOTrainer(Trainer):
             if conversational
             else completions_text
         )
+        if self.reward_model_refresh is not None and mode == "train":  # labelled examples for the next update
+            self.reward_model_refresh.collect(inputs, prompts, completions, completion_ids_list, self.state)
 
         # Rewards and advantages over the global batch (a group may straddle processes), then this process's slice.
         rewards_per_func = gather(self._calculate_rewards(inputs, prompts, completions, completion_ids_list))
