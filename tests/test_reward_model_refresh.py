@@ -356,3 +356,25 @@ def test_resume_is_bitwise_exact(tiny_lm_path, tiny_rm_path, tmp_path):
     os.remove(checkpoint / REWARD_MODEL_REFRESH_FILE)
     with pytest.raises(FileNotFoundError, match="this checkpoint was written without reward_model_update_steps"):
         make_trainer(tiny_lm_path, tiny_rm_path, tmp_path / "b").train(resume_from_checkpoint=str(checkpoint))
+
+
+@pytest.mark.parametrize("plugin", ["deepspeed", "fsdp2"])
+def test_sharded_training_is_refused_at_init(tiny_rm_path, tmp_path, plugin):
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_rm_path)
+    accelerator = SimpleNamespace(
+        state=SimpleNamespace(deepspeed_plugin=object() if plugin == "deepspeed" else None),
+        is_fsdp2=plugin == "fsdp2",
+        unwrap_model=lambda m: m,
+    )
+    trainer = SimpleNamespace(
+        args=GRPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, report_to="none", num_generations=2, reward_model_update_steps=1
+        ),
+        accelerator=accelerator,
+        reward_funcs=[model],
+        reward_func_names=["tiny-rm"],
+        reward_processing_classes=[None],
+        _metrics={"train": defaultdict(list)},
+    )
+    with pytest.raises(ValueError, match=re.escape("reward_model_update_steps works on one device and under DDP")):
+        RewardModelRefresh.for_trainer(trainer, parity_label)
