@@ -185,7 +185,8 @@ class GRPOTrainer(Trainer):
             Train a PEFT adapter instead of the whole model.
         reward_model_label_func (`Callable`, *optional*):
             Labels for training the reward models when `reward_model_update_steps` is set: called like a reward
-            function, it returns one label (or `None`: not used) per completion.
+            function, it returns one label (or `None`: not used) per completion. A `ValueError` is raised when only
+            one of the two is given, or when `reward_funcs` holds no sequence-classification model to train.
 
     Raises:
         ValueError: for reward weights that do not match the reward functions, a dataset without `"prompt"`, or an
