@@ -216,6 +216,31 @@ def test_update_metrics_match_a_hand_computation(refresher):
     assert not any(p.requires_grad for p in model.parameters())  # frozen again outside the update
 
 
+def test_update_runs_one_optimizer_step_per_batch_and_epoch(refresher):
+    refresh = refresher(reward_model_batch_size=3, reward_model_num_epochs=2)
+    prompts, completions = ["1+2="] * 4, ["3", "33", "7 ", "7"]
+    refresh.collect([{"prompt": p} for p in prompts], prompts, completions, [[1]] * 4, trainer_state=None)
+    refresh.update(global_step=1)
+    state = refresh.optimizers[0].state_dict()["state"]
+    assert {v["step"].item() for v in state.values()} == {4.0}  # 2 epochs × batches of 3 + 1 examples
+
+
+def test_pairwise_trains_only_on_groups_with_different_labels(refresher):
+    refresh = refresher(reward_model_loss_type="pairwise", reward_model_learning_rate=1e-2)
+    _, model, _ = refresh.reward_models[0]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prompts = ["1+2=", "1+2=", "3+4=", "3+4="]
+    tied = ["3", "5", "7 ", "8 "]  # both groups tied (odd, odd / even, even): no pair, no step
+    refresh.collect([{"prompt": p} for p in prompts], prompts, tied, [[1]] * 4, trainer_state=None)
+    refresh.update(global_step=1)
+    assert _equal(before, model.state_dict()) and refresh.optimizers[0].state_dict()["state"] == {}
+    assert math.isnan(refresh.metrics["reward_model/tiny-rm/accuracy"][0])
+    refresh.collect([{"prompt": p} for p in prompts], prompts, ["3", "33", "7 ", "8 "], [[1]] * 4, None)
+    refresh.update(global_step=2)
+    assert not _equal(before, model.state_dict())
+    assert refresh.metrics["reward_model/tiny-rm/accuracy"][1] in (0.0, 1.0)  # one pair: right or wrong
+
+
 # ---- in the trainer ----
 
 M = 2

@@ -300,7 +300,8 @@ class RewardModelRefresh:
 
     def update(self, global_step: int) -> None:
         """Train every reward model on the pending units + a replayed share, then move the pending units to the
-        replay buffer. Appends `reward_model/<name>/loss` (mean over its batches), `reward_model/<name>/accuracy`
+        replay buffer. A `"pairwise"` batch without a preference pair is skipped (no optimizer step). Appends
+        `reward_model/<name>/loss` (mean over its trained batches, NaN if none), `reward_model/<name>/accuracy`
         (on the fresh examples, before training), `reward_model/replay_fraction` and `reward_model/num_updates`."""
         args = self.args
         fresh = self.pending
@@ -326,6 +327,11 @@ class RewardModelRefresh:
                 for order in orders:
                     for batch in training_batches(units, order, args.reward_model_batch_size):
                         labels, groups = _labels_and_groups(batch, device)
+                        if (
+                            args.reward_model_loss_type == PAIRWISE
+                            and preference_pairs(labels, groups)[0].numel() == 0
+                        ):
+                            continue  # nothing to compare: no optimizer step
                         loss = self._loss(score_examples(model, tokenizer, batch), labels, groups)
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
@@ -334,7 +340,7 @@ class RewardModelRefresh:
             finally:
                 optimizer.zero_grad(set_to_none=True)
                 model.requires_grad_(False)
-            self.metrics[f"reward_model/{name}/loss"].append(sum(losses) / len(losses))
+            self.metrics[f"reward_model/{name}/loss"].append(sum(losses) / len(losses) if losses else float("nan"))
             self.metrics[f"reward_model/{name}/accuracy"].append(accuracy)
         self.metrics["reward_model/replay_fraction"].append(len(replay) / len(units))
         self.buffer.add(fresh)
