@@ -234,3 +234,15 @@ def test_ddp_reward_model_refresh_is_identical_on_every_rank(ddp_reward_model_re
         assert rank["replay_fraction"] == [None, 0.0, None, 0.2]
         assert rank["checkpoint_roundtrip_equal"]
     assert rank0["fingerprints"] == rank1["fingerprints"]  # the same update on every rank, bit for bit
+
+
+def test_zero3_reward_model_refresh_is_refused_at_init(model_dir, tmp_path_factory, deepspeed_op):
+    from trl.models.tiny import build_tiny_reward_model
+
+    reward_model_dir = build_tiny_reward_model(str(tmp_path_factory.mktemp("z3_rm")), model_dir)
+    out_dir = tmp_path_factory.mktemp("zero3_rm")
+    for rank in _launch("zero3", model_dir, out_dir, worker=REWARD_MODEL_WORKER, extra=[reward_model_dir]):
+        assert rank["world_size"] == 2
+        assert rank["error"].startswith(
+            "reward_model_update_steps works on one device and under DDP, not under DeepSpeed"
+        )

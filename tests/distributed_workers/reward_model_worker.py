@@ -1,11 +1,12 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Worker for tests/test_distributed.py's reward-model refresh test, started with `torchrun --nproc_per_node 2`.
 
-    reward_model_worker.py ddp MODEL_DIR OUT_DIR REWARD_MODEL_DIR
+    reward_model_worker.py MODE MODEL_DIR OUT_DIR REWARD_MODEL_DIR      MODE in {ddp, zero3}
 
-Full Algorithm 1 under DDP (gloo, CPU): 4 GRPO steps scored by a tiny reward model that is refreshed every 2 steps,
-the reference reset (α = 1) at the same steps. Each rank writes a fingerprint of the reward model after every step,
-the logged refresh metrics and a checkpoint round trip to `OUT_DIR/ddp_rank<r>.json`.
+ddp: full Algorithm 1 under DDP (gloo, CPU): 4 GRPO steps scored by a tiny reward model that is refreshed every 2
+steps, the reference reset (α = 1) at the same steps. Each rank writes a fingerprint of the reward model after every
+step, the logged refresh metrics and a checkpoint round trip to `OUT_DIR/ddp_rank<r>.json`.
+zero3: building the trainer under DeepSpeed ZeRO-3 must raise; each rank writes the error to `OUT_DIR/zero3_rank<r>.json`.
 """
 
 import hashlib
@@ -42,10 +43,26 @@ def main() -> None:
 
     from trl import GRPOTrainer
 
-    _, model_dir, out_dir, reward_model_dir = sys.argv[1:5]
+    mode, model_dir, out_dir, reward_model_dir = sys.argv[1:5]
     torch.manual_seed(0)
-    args = grpo_config(os.path.join(out_dir, "ddp_rm_run"), None, 1.0)
+    if mode == "zero3":  # DeepSpeed's comm layer must know the world before from_pretrained partitions
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+    args = grpo_config(os.path.join(out_dir, f"{mode}_rm_run"), 3 if mode == "zero3" else None, 1.0)
     args.reward_model_update_steps = UPDATE_STEPS
+    if mode == "zero3":
+        try:
+            GRPOTrainer(
+                model=model_dir,
+                reward_funcs=[reward_model_dir],
+                args=args,
+                train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                reward_model_label_func=parity_label,
+            )
+            finish(mode, out_dir, {"error": None})
+        except ValueError as error:
+            finish(mode, out_dir, {"error": str(error)})
     args.reward_model_replay_ratio = 0.2
     args.reward_model_learning_rate = 1e-2
     trainer = GRPOTrainer(
@@ -80,7 +97,6 @@ def main() -> None:
             p.zero_()
     refresh.load(os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}"))
     result = {
-        "world_size": dist.get_world_size(),
         "fingerprints": [fingerprints[s] for s in sorted(fingerprints)],
         "events": events,
         "num_updates": refresh.num_updates,
@@ -89,7 +105,12 @@ def main() -> None:
         "reward_model_type": type(trainer.reward_funcs[0]).__name__,
         "checkpoint_roundtrip_equal": fingerprint(reward_model) == before,
     }
-    with open(os.path.join(out_dir, f"ddp_rank{dist.get_rank()}.json"), "w") as f:
+    finish(mode, out_dir, result)
+
+
+def finish(mode: str, out_dir: str, result: dict) -> None:
+    result["world_size"] = dist.get_world_size()
+    with open(os.path.join(out_dir, f"{mode}_rank{dist.get_rank()}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()
     dist.destroy_process_group()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
 from torch import nn
 
 
@@ -238,7 +238,8 @@ class RewardModelRefresh:
                 "reward_model_update_steps is set but reward_funcs holds no sequence-classification reward model to "
                 "train: add one (a path or a PreTrainedModel) or set reward_model_update_steps=None."
             )
-        if getattr(accelerator.state, "deepspeed_plugin", None) is not None or getattr(accelerator, "is_fsdp2", False):
+        sharded = getattr(accelerator, "distributed_type", None) in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+        if sharded or getattr(accelerator.state, "deepspeed_plugin", None) is not None or accelerator.is_fsdp2:
             raise ValueError(
                 "reward_model_update_steps works on one device and under DDP, not under DeepSpeed or FSDP (the "
                 "reward model would be sharded without an optimizer): use DDP or set reward_model_update_steps=None."
@@ -268,6 +269,8 @@ class RewardModelRefresh:
             {"prompt": p, "completion": c, "label": None if y is None else float(y)}
             for p, c, y in zip(prompts, completions, labels)
         ]
+        if self.accelerator.num_processes > 1:
+            rows = gather_object(rows)  # before any check, so that every process raises the same error
         if self.args.reward_model_loss_type == POINTWISE:
             bad = [r["label"] for r in rows if r["label"] is not None and not 0.0 <= r["label"] <= 1.0]
             if bad:
@@ -275,8 +278,6 @@ class RewardModelRefresh:
                     f"reward_model_loss_type='pointwise' needs labels in [0, 1]; reward_model_label_func returned "
                     f"{bad[:3]}. Rescale the labels or use reward_model_loss_type='pairwise'."
                 )
-        if self.accelerator.num_processes > 1:
-            rows = gather_object(rows)
         size = self.args.num_generations
         for start in range(0, len(rows), size):
             group = [{**r, "group": self.num_groups} for r in rows[start : start + size] if r["label"] is not None]
