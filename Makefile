@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test slow_tests benchmark reproduce lint clean
+.PHONY: setup demo test slow_tests benchmark reproduce reproduce-rm lint clean
 
 TORCH_INDEX ?=
 
@@ -30,6 +30,9 @@ benchmark: setup
 
 reproduce: setup
 	$(PYTHON) benchmarks/reproduce_cold_start.py
+
+reproduce-rm: setup
+	$(PYTHON) benchmarks/reproduce_reward_model.py
 
 lint:
 	$(PIP) install -q ruff

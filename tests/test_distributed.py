@@ -18,6 +18,7 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "distributed_workers", "sync_worker.py")
+REWARD_MODEL_WORKER = os.path.join(ROOT, "tests", "distributed_workers", "reward_model_worker.py")
 ALPHA, TAU, STEPS = 0.6, 2, 4
 NOT_SAME_PARTITIONING = "partitioned the same way"
 
@@ -42,7 +43,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150, worker: str = WORKER) -> list[dict]:
+def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150, worker: str = WORKER, extra=()) -> list[dict]:
     """Run the worker on 2 processes; return each rank's JSON (rank 0 first).
 
     `--standalone` lets the rendezvous pick a free port itself. A launch that fails is retried once: gloo's
@@ -60,6 +61,7 @@ def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150, worker: str 
         mode,
         model_dir,
         str(out_dir),
+        *extra,
     ]
     for attempt in range(2):
         proc = subprocess.run(command, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -208,3 +210,39 @@ def test_accelerate_configs(name, distributed_type, extra):
     section = config.get("deepspeed_config") or config.get("fsdp_config") or {}
     for key, value in extra.items():
         assert section[key] == value
+
+
+@pytest.fixture(scope="module")
+def ddp_reward_model_results(model_dir, tmp_path_factory):
+    from trl.models.tiny import build_tiny_reward_model
+
+    reward_model_dir = build_tiny_reward_model(str(tmp_path_factory.mktemp("dist_rm")), model_dir)
+    out_dir = tmp_path_factory.mktemp("ddp_rm")
+    return _launch("ddp", model_dir, out_dir, worker=REWARD_MODEL_WORKER, extra=[reward_model_dir])
+
+
+def test_ddp_reward_model_refresh_is_identical_on_every_rank(ddp_reward_model_results):
+    """Algorithm 1 on 2 processes: reward model refreshed every 2 steps, then the reference reset, for 4 steps."""
+    rank0, rank1 = ddp_reward_model_results
+    for rank in (rank0, rank1):
+        assert rank["world_size"] == 2 and rank["reward_model_type"] == "Qwen2ForSequenceClassification"
+        assert rank["events"] == [["reward model", 2], ["reference", 2], ["reward model", 4], ["reference", 4]]
+        fingerprints = rank["fingerprints"]  # steps 0..4: the weights change at steps 2 and 4 only
+        assert [fingerprints[s] != fingerprints[s - 1] for s in range(1, 5)] == [False, True, False, True]
+        # Both processes' completions: 2 × 4 per step, 16 per update; the second update replays 4 of 20 (0.2).
+        assert rank["num_updates"] == 2 and rank["buffer_examples"] == 32
+        assert rank["replay_fraction"] == [None, 0.0, None, 0.2]
+        assert rank["checkpoint_roundtrip_equal"]
+    assert rank0["fingerprints"] == rank1["fingerprints"]  # the same update on every rank, bit for bit
+
+
+def test_zero3_reward_model_refresh_is_refused_at_init(model_dir, tmp_path_factory, deepspeed_op):
+    from trl.models.tiny import build_tiny_reward_model
+
+    reward_model_dir = build_tiny_reward_model(str(tmp_path_factory.mktemp("z3_rm")), model_dir)
+    out_dir = tmp_path_factory.mktemp("zero3_rm")
+    for rank in _launch("zero3", model_dir, out_dir, worker=REWARD_MODEL_WORKER, extra=[reward_model_dir]):
+        assert rank["world_size"] == 2
+        assert rank["error"].startswith(
+            "reward_model_update_steps works on one device and under DDP, not under DeepSpeed"
+        )

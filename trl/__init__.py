@@ -4,7 +4,14 @@
 __version__ = "0.1.0.dev0"
 
 from .models import create_reference_model
-from .trainer import GRPOConfig, GRPOTrainer, SyncRefModelCallback, sync_reference_model
+from .trainer import GRPOConfig, GRPOTrainer, RewardModelRefreshCallback, SyncRefModelCallback, sync_reference_model
 
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "SyncRefModelCallback", "create_reference_model", "sync_reference_model"]
+__all__ = [
+    "GRPOConfig",
+    "GRPOTrainer",
+    "RewardModelRefreshCallback",
+    "SyncRefModelCallback",
+    "create_reference_model",
+    "sync_reference_model",
+]

@@ -1,5 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Trainer callbacks. `SyncRefModelCallback` decides *when* the reference model is synced with the policy."""
+"""Trainer callbacks: *when* the reference model is synced with the policy (`SyncRefModelCallback`) and *when* the
+reward models are refreshed (`RewardModelRefreshCallback`)."""
 
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -72,3 +73,32 @@ class SyncRefModelCallback(TrainerCallback):
     ):
         if getattr(args, "ref_model_sync_strategy", "steps") == "epoch" and state.global_step > self.last_sync_step:
             self.sync(args, state, model)
+
+
+class RewardModelRefreshCallback(TrainerCallback):
+    """Trains the reward models further every `reward_model_update_steps` optimizer steps (Algorithm 1, line 12, of
+    DeepSeekMath, arXiv 2402.03300): on the policy's completions since the previous update plus replayed earlier ones.
+
+    What is trained and how (labels, replay buffer, losses, optimizer) is `trl.trainer.reward_model_refresh`'s job;
+    this callback only decides when. [`GRPOTrainer`] registers one when `reward_model_update_steps` is set, placed
+    before any [`SyncRefModelCallback`] (see `register`), so that a step that does both follows Algorithm 1's
+    order: reward-model update, then π_ref ← π_θ.
+
+    Args:
+        refresh (`RewardModelRefresh`): the trainer's refresher; `refresh.update(global_step)` runs one update.
+    """
+
+    def __init__(self, refresh):
+        self.refresh = refresh
+
+    def register(self, callback_handler) -> None:
+        """Insert this callback just before the first `SyncRefModelCallback` of `callback_handler` (at the end when
+        there is none): callbacks run in list order, so the update precedes the reference sync at a shared step."""
+        callbacks = callback_handler.callbacks
+        sync = [i for i, callback in enumerate(callbacks) if isinstance(callback, SyncRefModelCallback)]
+        callbacks.insert(sync[0] if sync else len(callbacks), self)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        steps = getattr(args, "reward_model_update_steps", None)
+        if steps and state.global_step % steps == 0:
+            self.refresh.update(state.global_step)

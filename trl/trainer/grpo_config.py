@@ -11,6 +11,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 SYNC_STRATEGIES = ("steps", "epoch")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+REWARD_MODEL_LOSS_TYPES = ("pointwise", "pairwise")
 
 
 @dataclass
@@ -137,6 +138,31 @@ class GRPOConfig(TrainingArguments):
             `"steps"` syncs every `ref_model_sync_steps` optimizer steps; `"epoch"` syncs at the end of every
             epoch instead.
 
+        > Parameters that control reward-model refresh (Algorithm 1)
+
+        reward_model_update_steps (`int` or `None`, *optional*):
+            M: after every M-th optimizer step, train each sequence-classification reward model of `reward_funcs`
+            further on the policy's completions since the previous update, labelled by the trainer's
+            `reward_model_label_func`, plus replayed earlier examples (Algorithm 1, line 12, of arXiv 2402.03300).
+            `None` (default) keeps the reward models frozen. At a step that also syncs the reference, the reward
+            model is updated first. One device and DDP only.
+        reward_model_replay_ratio (`float`, *optional*, defaults to `0.1`):
+            Share of each update's training set drawn from the examples of earlier updates (the paper's 10%
+            historical data), in [0, 1). Shares are counted in completions (`"pointwise"`) or groups (`"pairwise"`)
+            and rounded to a whole number; the first update has nothing to replay.
+        reward_model_learning_rate (`float`, *optional*, defaults to `1e-5`):
+            Learning rate of the reward models' own AdamW optimizer (separate from the policy's; no scheduler).
+        reward_model_num_epochs (`int`, *optional*, defaults to `1`):
+            Passes over each update's training set.
+        reward_model_batch_size (`int`, *optional*, defaults to `8`):
+            Completions per reward-model optimizer step (`"pairwise"` keeps groups whole, so a batch may hold more).
+        reward_model_replay_buffer_size (`int`, *optional*, defaults to `10000`):
+            Most completions kept for replay; the oldest are dropped first.
+        reward_model_loss_type (`str`, *optional*, defaults to `"pointwise"`):
+            `"pointwise"`: binary cross-entropy of the reward logit against the label in [0, 1] (an outcome reward
+            model). `"pairwise"`: Bradley–Terry loss −log σ(r_i − r_j) over the pairs of completions of one prompt
+            whose labels differ (i the better one).
+
         > Parameters that control logging
 
         log_completions (`bool`, *optional*, defaults to `False`):
@@ -261,6 +287,27 @@ class GRPOConfig(TrainingArguments):
         default="steps", metadata={"help": "'steps' or 'epoch'.", "choices": SYNC_STRATEGIES}
     )
 
+    # Reward-model refresh (Algorithm 1)
+    reward_model_update_steps: int | None = field(
+        default=None, metadata={"help": "Update the reward models every this many optimizer steps; None: frozen."}
+    )
+    reward_model_replay_ratio: float = field(
+        default=0.1, metadata={"help": "Share of each reward-model update set replayed from earlier sets."}
+    )
+    reward_model_learning_rate: float = field(default=1e-5, metadata={"help": "Reward-model AdamW learning rate."})
+    reward_model_num_epochs: int = field(default=1, metadata={"help": "Passes over each reward-model update set."})
+    reward_model_batch_size: int = field(default=8, metadata={"help": "Completions per reward-model step."})
+    reward_model_replay_buffer_size: int = field(
+        default=10000, metadata={"help": "Most completions kept for replay (oldest dropped first)."}
+    )
+    reward_model_loss_type: str = field(
+        default="pointwise",
+        metadata={
+            "help": "'pointwise' (BCE against labels) or 'pairwise' (Bradley-Terry).",
+            "choices": REWARD_MODEL_LOSS_TYPES,
+        },
+    )
+
     # Logging
     log_completions: bool = field(default=False, metadata={"help": "Print sample completions when logging."})
     num_completions_to_print: int | None = field(
@@ -359,6 +406,32 @@ class GRPOConfig(TrainingArguments):
             errors.append(
                 "sync_ref_model=True needs a reference model, but beta=0.0 loads none: set beta > 0 or "
                 "sync_ref_model=False."
+            )
+        if self.reward_model_update_steps is not None and self.reward_model_update_steps < 1:
+            errors.append(
+                f"reward_model_update_steps must be at least 1 or None (got {self.reward_model_update_steps})."
+            )
+        if not 0.0 <= self.reward_model_replay_ratio < 1.0:
+            errors.append(f"reward_model_replay_ratio must be in [0, 1) (got {self.reward_model_replay_ratio}).")
+        if self.reward_model_learning_rate <= 0:
+            errors.append(f"reward_model_learning_rate must be > 0 (got {self.reward_model_learning_rate}).")
+        if self.reward_model_num_epochs < 1:
+            errors.append(f"reward_model_num_epochs must be at least 1 (got {self.reward_model_num_epochs}).")
+        if self.reward_model_batch_size < 1:
+            errors.append(f"reward_model_batch_size must be at least 1 (got {self.reward_model_batch_size}).")
+        if self.reward_model_replay_buffer_size < 0:
+            errors.append(
+                f"reward_model_replay_buffer_size must be >= 0 (got {self.reward_model_replay_buffer_size})."
+            )
+        elif self.reward_model_replay_buffer_size == 0 and self.reward_model_replay_ratio > 0:
+            errors.append(
+                "reward_model_replay_buffer_size=0 keeps nothing to replay: set reward_model_replay_ratio=0.0 or a "
+                "positive buffer size."
+            )
+        if self.reward_model_loss_type not in REWARD_MODEL_LOSS_TYPES:
+            errors.append(
+                f"reward_model_loss_type must be one of {', '.join(REWARD_MODEL_LOSS_TYPES)} "
+                f"(got {self.reward_model_loss_type!r})."
             )
         if self.reward_weights is not None and len(self.reward_weights) == 0:
             errors.append("reward_weights must be None or a non-empty list.")

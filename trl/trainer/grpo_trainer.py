@@ -10,7 +10,7 @@ import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,7 +38,7 @@ from ..models.utils import (
     unwrap_model_for_generation,
     use_adapter,
 )
-from .callbacks import SyncRefModelCallback
+from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
 from .grpo_checkpoint import (  # noqa: F401 (file names re-exported for tests and users)
     GENERATION_BUFFER_FILE,
     REF_ADAPTER_FILE,
@@ -90,6 +90,7 @@ from .grpo_rewards import (
     reward_metrics,
 )
 from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter
+from .reward_model_refresh import RewardModelRefresh
 
 
 logger = logging.get_logger(__name__)
@@ -199,6 +200,10 @@ class GRPOTrainer(Trainer):
             `(optimizer, lr_scheduler)`, as in [`~transformers.Trainer`].
         peft_config ([`~peft.PeftConfig`], *optional*):
             Train a PEFT adapter instead of the whole model.
+        reward_model_label_func (`Callable`, *optional*):
+            Labels for training the reward models when `reward_model_update_steps` is set: called like a reward
+            function, it returns one label (or `None`: not used) per completion. A `ValueError` is raised when only
+            one of the two is given, or when `reward_funcs` holds no sequence-classification model to train.
 
     Raises:
         ValueError: without reward functions or `train_dataset`, for reward weights or processing classes that do not
@@ -220,6 +225,7 @@ class GRPOTrainer(Trainer):
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple = (None, None),
         peft_config=None,
+        reward_model_label_func: Callable[..., list[float | None]] | None = None,
     ):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
@@ -348,6 +354,9 @@ class GRPOTrainer(Trainer):
             else:
                 self.sync_callback = SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator)
                 self.add_callback(self.sync_callback)
+        self.reward_model_refresh = RewardModelRefresh.for_trainer(self, reward_model_label_func)  # None: frozen
+        if self.reward_model_refresh is not None:  # registered before the sync: update, then reset the reference
+            RewardModelRefreshCallback(self.reward_model_refresh).register(self.callback_handler)
 
     # ---- data ----
 
@@ -381,6 +390,8 @@ class GRPOTrainer(Trainer):
                 self._load_reference_state(checkpoint)
             saved = load_generation_buffer(checkpoint, self.accelerator.process_index, self.accelerator.device)
             self._step, self._buffered_inputs = saved or (None, None)
+            if self.reward_model_refresh is not None:
+                self.reward_model_refresh.load(checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
     # ---- checkpoints: the synced reference and the cut generation batch travel with the policy ----
@@ -394,6 +405,8 @@ class GRPOTrainer(Trainer):
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self._buffered_inputs is not None and self._step % (self.args.steps_per_generation * self.num_iterations):
             save_generation_buffer(folder, self.accelerator.process_index, self._step, self._buffered_inputs)
+        if self.reward_model_refresh is not None:
+            self.reward_model_refresh.save(folder, self.args.should_save)
         if self.sync_callback is not None:
             state, file = self.sync_callback.state_dict(), self._reference_file
             save_reference_state(self._reference_tensors(), folder, file, state, self.args.should_save)
@@ -549,6 +562,8 @@ class GRPOTrainer(Trainer):
             else completions_text
         )
         completion_ids, mask = pad_to_multiple(completion_ids, multiple, pad_id), pad_to_multiple(mask, multiple, 0)
+        if self.reward_model_refresh is not None and mode == "train":  # labelled examples for the next update
+            self.reward_model_refresh.collect(inputs, prompts, completions, completion_ids_list, self.state)
 
         # Rewards and advantages over the global batch (a group may straddle processes), then this process's slice.
         rewards_per_func = gather(self._calculate_rewards(inputs, prompts, completions, completion_ids_list))
