@@ -164,6 +164,29 @@ def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
 # ---------------------------------------------------------------- calling the reward functions
 
 
+def reward_model_inputs(
+    tokenizer,
+    prompts: list,
+    completions: list,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
+    """What a sequence-classification reward model reads for each prompt + completion: `input_ids` and
+    `attention_mask`, `(N, T)` int64, right-padded.
+
+    Conversational pairs (lists of messages) are rendered with the reward tokenizer's chat template and
+    `chat_template_kwargs`; text pairs are concatenated.
+    """
+    if isinstance(prompts[0], list):
+        kwargs = chat_template_kwargs or {}
+        texts = [tokenizer.apply_chat_template(p + c, tokenize=False, **kwargs) for p, c in zip(prompts, completions)]
+    else:
+        texts = [p + c for p, c in zip(prompts, completions)]
+    return tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False).to(
+        device
+    )
+
+
 def reward_model_scores(
     model: nn.Module,
     tokenizer,
@@ -172,19 +195,9 @@ def reward_model_scores(
     chat_template_kwargs: dict[str, Any] | None = None,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """First logit of a sequence-classification reward model on each prompt + completion, `(N,)` float32.
-
-    Conversational pairs (lists of messages) are rendered with the reward tokenizer's chat template and
-    `chat_template_kwargs`; text pairs are concatenated. Inputs are right-padded.
-    """
-    if isinstance(prompts[0], list):
-        kwargs = chat_template_kwargs or {}
-        texts = [tokenizer.apply_chat_template(p + c, tokenize=False, **kwargs) for p, c in zip(prompts, completions)]
-    else:
-        texts = [p + c for p, c in zip(prompts, completions)]
-    encoded = tokenizer(
-        text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
-    ).to(device)
+    """First logit of a sequence-classification reward model on each prompt + completion (see
+    `reward_model_inputs`), `(N,)` float32, without gradients."""
+    encoded = reward_model_inputs(tokenizer, prompts, completions, chat_template_kwargs, device)
     with torch.no_grad():
         return model(**encoded).logits[:, 0].float()
 

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from accelerate.utils import DistributedType, gather_object
 from torch import nn
 
+from .grpo_rewards import reward_model_inputs
+
 
 POINTWISE, PAIRWISE = "pointwise", "pairwise"
 REWARD_MODEL_REFRESH_FILE = "reward_model_refresh.pt"  # reward-model weights, optimizers, replay buffer, counters
@@ -140,22 +142,11 @@ class ReplayBuffer:
         return [self.units[i] for i in order.tolist()]
 
 
-def reward_model_texts(tokenizer, prompts: list, completions: list) -> list[str]:
-    """The text a sequence-classification reward model scores: prompt + completion, rendered with the reward
-    tokenizer's chat template when they are messages."""
-    if prompts and isinstance(prompts[0], list):
-        return [tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
-    return [p + c for p, c in zip(prompts, completions)]
-
-
 def score_examples(model: nn.Module, tokenizer, examples: list[Example]) -> torch.Tensor:
-    """`(N,)` float32 first logits of `model` on the examples (right-padded, like the trainer's reward call)."""
-    texts = reward_model_texts(tokenizer, [e["prompt"] for e in examples], [e["completion"] for e in examples])
+    """`(N,)` float32 first logits of `model` on the examples, with gradients (inputs as the trainer's reward call)."""
     device = next(model.parameters()).device
-    encoded = tokenizer(
-        text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
-    ).to(device)
-    return model(**encoded).logits[:, 0].float()
+    prompts, completions = [e["prompt"] for e in examples], [e["completion"] for e in examples]
+    return model(**reward_model_inputs(tokenizer, prompts, completions, device=device)).logits[:, 0].float()
 
 
 # ---- one refresher for all trainable reward models of a trainer ----
