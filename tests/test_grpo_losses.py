@@ -14,6 +14,7 @@ from trl.trainer.grpo_losses import (
     combine_rewards,
     completion_mask,
     group_advantages,
+    importance_ratio,
     importance_weighted_kl,
     kl_k3,
     masked_mean,
@@ -188,7 +189,8 @@ def _expected_kl_gradient(theta, ref_logp, bias_correction):
     old_logp = logp.detach()
     per_token = kl_k3(logp.unsqueeze(0), ref_logp.unsqueeze(0))
     if bias_correction:
-        per_token = importance_weighted_kl(per_token, logp.unsqueeze(0), old_logp.unsqueeze(0))
+        ratio = importance_ratio(logp.unsqueeze(0), old_logp.unsqueeze(0), torch.ones(1, logp.numel()))
+        per_token = importance_weighted_kl(per_token, ratio)
     (old_logp.exp() * per_token.squeeze(0)).sum().backward()
     return theta.grad
 
@@ -210,9 +212,10 @@ def test_importance_weighted_kl_gradient_is_the_reverse_kl_gradient():
 def test_importance_weighted_kl_value_is_unchanged_on_policy():
     logp, ref = torch.randn(3, 5) - 2, torch.randn(3, 5) - 2
     kl = kl_k3(logp, ref)
-    assert torch.equal(importance_weighted_kl(kl, logp, logp.clone()), kl)
+    mask = torch.ones(3, 5)
+    assert torch.equal(importance_weighted_kl(kl, importance_ratio(logp, logp.clone(), mask)), kl)
     old = logp - 0.5  # ρ = e^0.5 everywhere
-    torch.testing.assert_close(importance_weighted_kl(kl, logp, old), kl * math.exp(0.5))
+    torch.testing.assert_close(importance_weighted_kl(kl, importance_ratio(logp, old, mask)), kl * math.exp(0.5))
 
 
 def test_kl_k3_is_continuous_at_the_linear_switch():
@@ -245,7 +248,8 @@ def test_clipped_surrogate_by_hand():
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0, -2.0])
     logp = torch.log(ratios).view(6, 1).requires_grad_(True)
     old = torch.zeros(6, 1)
-    loss, low, high = clipped_surrogate(logp, old, advantages, epsilon_low=0.2, epsilon_high=0.2)
+    ratio = importance_ratio(logp, old, torch.ones(6, 1))
+    loss, low, high = clipped_surrogate(ratio, advantages, epsilon_low=0.2, epsilon_high=0.2)
     # −min(ρA, clip(ρ, 0.8, 1.2)A):
     #  ρ=1.5,A=+1 → −1.2 (clipped high); ρ=1.5,A=−1 → +1.5; ρ=0.5,A=+1 → −0.5; ρ=0.5,A=−1 → +0.8 (clipped low);
     #  ρ=1.1,A=±2 → ∓2.2.
@@ -260,10 +264,8 @@ def test_clipped_surrogate_by_hand():
 
 
 def test_clipped_surrogate_asymmetric_clip_higher():
-    logp = torch.log(torch.tensor([[1.25, 1.3]]))
-    loss, low, high = clipped_surrogate(
-        logp, torch.zeros(1, 2), torch.tensor([1.0]), epsilon_low=0.2, epsilon_high=0.28
-    )
+    ratio = torch.tensor([[1.25, 1.3]])
+    loss, low, high = clipped_surrogate(ratio, torch.tensor([1.0]), epsilon_low=0.2, epsilon_high=0.28)
     torch.testing.assert_close(loss, torch.tensor([[-1.25, -1.28]]), rtol=1e-6, atol=0)
     assert torch.equal(high, torch.tensor([[False, True]]))
     assert not low.any()
@@ -272,7 +274,7 @@ def test_clipped_surrogate_asymmetric_clip_higher():
 def test_clipped_surrogate_on_policy_is_minus_advantage():
     logp = torch.randn(3, 4)
     adv = torch.tensor([0.5, -1.0, 2.0])
-    loss, low, high = clipped_surrogate(logp, logp.detach(), adv, 0.2, 0.2)
+    loss, low, high = clipped_surrogate(importance_ratio(logp, logp.detach(), torch.ones(3, 4)), adv, 0.2, 0.2)
     assert torch.equal(loss, -adv.unsqueeze(1).expand(3, 4))
     assert not low.any() and not high.any()
 
@@ -313,7 +315,9 @@ def test_aggregate_loss_empty_mask_is_zero():
 
 
 def test_aggregate_loss_errors():
-    with pytest.raises(ValueError, match="loss_type must be 'grpo', 'bnpo', 'dr_grpo' or 'dapo', got 'sum'"):
+    with pytest.raises(
+        ValueError, match="loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo, got 'sum'"
+    ):
         aggregate_loss(PER_TOKEN, MASK, "sum")
     with pytest.raises(ValueError, match="dr_grpo' needs max_completion_length"):
         aggregate_loss(PER_TOKEN, MASK, "dr_grpo")

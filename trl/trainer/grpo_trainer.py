@@ -11,6 +11,7 @@ import os
 from collections import defaultdict
 from collections.abc import Callable, Sized
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,16 +44,23 @@ from ..models.utils import (
 from .callbacks import SyncRefModelCallback
 from .grpo_config import GRPOConfig
 from .grpo_losses import (
+    POLICY_LOSS_FIELDS,
     aggregate_loss,
-    clipped_surrogate,
     combine_rewards,
     completion_mask,
     group_advantages,
     group_reward_std,
+    high_entropy_mask,
     importance_weighted_kl,
     kl_k3,
     masked_mean,
-    selective_log_softmax,
+    per_token_policy_loss,
+)
+from .grpo_scoring import (
+    cast_lm_head_to_fp32,
+    gather_valid_entropies,
+    router_aux_loss_settings,
+    score_completions,
 )
 from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter, gathered_tensor, named_float_tensors
 
@@ -274,18 +282,19 @@ class GRPOTrainer(Trainer):
         elif args.beta != 0.0 and (args.sync_ref_model or given_peft_model):
             add_reference_adapter(model, REFERENCE_ADAPTER)
             self.ref_adapter = REFERENCE_ADAPTER
-        if args.disable_dropout:
-            for m in (model, self.ref_model):
-                if m is not None:
-                    disable_dropout_in_model(m)
+        for m in (model, self.ref_model):
+            if m is not None and args.disable_dropout:
+                disable_dropout_in_model(m)
+            if m is not None and args.cast_lm_head_to_fp32:
+                cast_lm_head_to_fp32(m)
+        self.router_aux_loss_coef, self.aux_loss_enabled = router_aux_loss_settings(model, args.router_aux_loss_coef)
 
         self.num_generations = args.num_generations
         self.num_iterations = args.num_iterations
         self.max_prompt_length = args.max_prompt_length
         self.max_completion_length = args.max_completion_length
         self.loss_type = args.loss_type
-        self.epsilon_low = args.epsilon
-        self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        self.policy_loss_kwargs = {name: getattr(args, name) for name in POLICY_LOSS_FIELDS}
         generation_kwargs = dict(
             max_new_tokens=args.max_completion_length,
             do_sample=True,
@@ -475,9 +484,8 @@ class GRPOTrainer(Trainer):
         logits_to_keep: int,
         batch_size: int | None = None,
     ) -> torch.Tensor:
-        """Log-probs of the last `logits_to_keep` tokens of `input_ids` under `model`, at `temperature`.
-
-        Position ids come from the attention mask, so left padding does not change the result.
+        """Log-probs of the last `logits_to_keep` tokens of `input_ids` under `model`, at `temperature` (see
+        `grpo_scoring.score_completions`).
 
         Args:
             input_ids, attention_mask: `(N, P + L)` prompt + completion.
@@ -487,22 +495,7 @@ class GRPOTrainer(Trainer):
         Returns:
             `(N, L)` float32 tensor.
         """
-        batch_size = batch_size or input_ids.size(0)
-        out = []
-        for start in range(0, input_ids.size(0), batch_size):
-            ids = input_ids[start : start + batch_size]
-            mask = attention_mask[start : start + batch_size]
-            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=position_ids,
-                logits_to_keep=logits_to_keep + 1,
-                use_cache=False,
-            ).logits
-            logits = logits[:, :-1, :] / self.temperature
-            out.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
-        return torch.cat(out, dim=0)
+        return score_completions(model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size)[0]
 
     def _ref_per_token_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
         if self.ref_model is not None:
@@ -713,27 +706,40 @@ class GRPOTrainer(Trainer):
         completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
-        per_token_logps = self._get_per_token_logps(model, input_ids, attention_mask, completion_ids.size(1))
+        scores = score_completions(
+            model, input_ids, attention_mask, mask.size(1), self.temperature, None, True, self.aux_loss_enabled
+        )
+        per_token_logps, entropies, aux_loss = scores
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
-        per_token_loss, low, high = clipped_surrogate(
-            per_token_logps, old_per_token_logps, inputs["advantages"], self.epsilon_low, self.epsilon_high
+        args, metrics = self.args, self._metrics[mode]
+        entropy_mask = None  # the top-ρ entropy quantile over all processes' valid tokens
+        if args.top_entropy_quantile < 1.0:
+            gather_all = partial(gather_valid_entropies, self.accelerator)
+            entropy_mask = high_entropy_mask(entropies.detach(), mask, args.top_entropy_quantile, gather_all)
+        policy = per_token_policy_loss(
+            per_token_logps, old_per_token_logps, inputs["advantages"], mask, entropy_mask, **self.policy_loss_kwargs
         )
-        metrics = self._metrics[mode]
+        per_token_loss = policy.per_token_loss
         if self.beta != 0.0:
             per_token_kl = kl_k3(per_token_logps, inputs["ref_per_token_logps"])
             if self.args.use_bias_correction_kl:
-                per_token_kl = importance_weighted_kl(per_token_kl, per_token_logps, old_per_token_logps)
+                per_token_kl = importance_weighted_kl(per_token_kl, policy.ratio)
             per_token_loss = per_token_loss + self.beta * per_token_kl
             metrics["kl"].append(gather(masked_mean(per_token_kl.detach(), mask)).nanmean().item())
         loss = aggregate_loss(
             per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"]
         )
-        low_ratio, high_ratio = masked_mean(low.float(), mask), masked_mean(high.float(), mask)
-        metrics["clip_ratio/low_mean"].append(gather(low_ratio).mean().item())
-        metrics["clip_ratio/high_mean"].append(gather(high_ratio).mean().item())
-        metrics["clip_ratio/region_mean"].append(gather(low_ratio + high_ratio).mean().item())
+        if args.entropy_coef != 0.0:  # entropy bonus: the mean entropy of the tokens the policy loss acts on
+            metrics["policy_loss"].append(gather(loss.detach()).nanmean().item())
+            loss = loss - args.entropy_coef * masked_mean(entropies, mask if entropy_mask is None else entropy_mask)
+            metrics["entropy_coef"].append(args.entropy_coef)
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss
+            metrics["aux_loss"].append(gather(aux_loss.detach()).mean().item())
+        for name, value in {"entropy": entropies.detach(), **policy.metrics}.items():
+            metrics[name].append(gather(masked_mean(value.expand(mask.shape), mask)).mean().item())
         return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
