@@ -21,6 +21,7 @@ from trl.trainer.grpo_losses import (
     importance_weighted_kl,
     kl_k3,
     masked_mean,
+    metric_mean,
     off_policy_sequence_mask,
     per_token_policy_loss,
     sapo_loss,
@@ -585,3 +586,10 @@ def test_aggregate_loss_new_types():
     assert aggregate_loss(PER_TOKEN, MASK, "luspo").item() == 10.5
     with pytest.raises(ValueError, match="loss_type='cispo' needs num_items_in_batch"):
         aggregate_loss(PER_TOKEN, MASK, "cispo")
+
+
+def test_metric_mean_per_token_and_per_sequence():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert metric_mean(torch.tensor([[1.0, 3.0, 99.0], [5.0, 99.0, 99.0]]), mask).item() == 3.0  # (1 + 3 + 5) / 3
+    # A per-sequence value counts once per sequence, whatever its length (TRL's convention for sequence-level ratios).
+    assert metric_mean(torch.tensor([[1.0], [4.0]]), mask).item() == 2.5

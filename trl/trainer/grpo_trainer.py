@@ -54,6 +54,7 @@ from .grpo_losses import (
     importance_weighted_kl,
     kl_k3,
     masked_mean,
+    metric_mean,
     per_token_policy_loss,
 )
 from .grpo_scoring import (
@@ -739,7 +740,7 @@ class GRPOTrainer(Trainer):
             loss = loss + self.router_aux_loss_coef * aux_loss
             metrics["aux_loss"].append(gather(aux_loss.detach()).mean().item())
         for name, value in {"entropy": entropies.detach(), **policy.metrics}.items():
-            metrics[name].append(gather(masked_mean(value.expand(mask.shape), mask)).mean().item())
+            metrics[name].append(gather(metric_mean(value, mask)).mean().item())
         return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
