@@ -214,3 +214,11 @@ def test_router_aux_loss_on_a_dense_model_raises(tiny_lm_path, arithmetic_datase
     args = GRPOConfig(**{**grpo_kwargs, "router_aux_loss_coef": 0.1})
     with pytest.raises(ValueError, match="router_aux_loss_coef=0.1 needs a Mixture-of-Experts model"):
         GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
+
+
+def test_trl_default_precision_and_checkpointing_train_on_cpu(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """TRL's defaults (bf16=None → True, gradient_checkpointing=True) train with use_cpu=True (bf16 autocast)."""
+    overrides = {k: v for k, v in grpo_kwargs.items() if k not in ("bf16", "gradient_checkpointing")}
+    trainer, logs, changed = train(tiny_lm_path, arithmetic_dataset, overrides, max_steps=1)
+    assert (trainer.args.bf16, trainer.args.gradient_checkpointing) == (True, True)
+    assert changed and math.isfinite(logs[0]["loss"]) and math.isfinite(logs[0]["entropy"])
