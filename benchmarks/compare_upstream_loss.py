@@ -42,6 +42,11 @@ BASE = dict(
     use_bias_correction_kl=True,
     top_entropy_quantile=1.0,
     entropy_coef=0.0,
+    use_adaptive_entropy=False,
+    entropy_coef_min=0.0,
+    entropy_coef_max=1.0,
+    entropy_coef_delta=0.005,
+    entropy_target=0.2,
     max_completion_length=5,
 )
 CASES = {}
@@ -58,6 +63,9 @@ CASES.update(
         "dapo+off-policy mask+kl": dict(off_policy_mask_threshold=0.05, beta=0.04),
         "dapo+top entropy+kl": dict(top_entropy_quantile=0.3, beta=0.04),
         "grpo+entropy bonus": dict(loss_type="grpo", entropy_coef=0.1, top_entropy_quantile=0.5),
+        "grpo+adaptive entropy": dict(
+            loss_type="grpo", use_adaptive_entropy=True, entropy_coef=0.1, entropy_target=5.0
+        ),
         "sapo, other temperatures": dict(loss_type="sapo", sapo_temperature_pos=2.0, sapo_temperature_neg=0.5),
         "vespo, other k/lambda": dict(
             loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_pos=0.5, vespo_k_neg=4.0, vespo_lambda_neg=1.0
@@ -100,7 +108,7 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
     t = fixed_tensors()
     logps, entropies = t["logps"].clone().requires_grad_(True), t["entropies"].clone().requires_grad_(True)
     stub = types.SimpleNamespace(
-        args=types.SimpleNamespace(**config, steps_per_generation=1, entropy_target=0.2),
+        args=types.SimpleNamespace(**config, steps_per_generation=1),
         accelerator=_SingleProcess(),
         model=types.SimpleNamespace(training=True),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
@@ -132,17 +140,21 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
             setattr(stub, name, config[name])
         stub.epsilon_low = config["epsilon"]
         stub.epsilon_high = config["epsilon"] if config["epsilon_high"] is None else config["epsilon_high"]
-        stub.use_vllm = stub.vllm_importance_sampling_correction = stub.use_adaptive_entropy = False
+        stub.use_vllm = stub.vllm_importance_sampling_correction = False
+        stub.use_adaptive_entropy = config["use_adaptive_entropy"]
         stub.current_gradient_accumulation_steps = 1
-        stub._entropy_bonus_enabled = config["entropy_coef"] != 0.0
+        stub._entropy_bonus_enabled = config["entropy_coef"] != 0.0 or config["use_adaptive_entropy"]
+        stub._last_world_entropy, stub._entropy_window_stats = float("inf"), None
         loss = trainer_cls._compute_loss(stub, None, inputs)
     else:
         from trl.trainer import grpo_trainer
+        from trl.trainer.entropy_control import EntropyCoefficient
         from trl.trainer.grpo_losses import POLICY_LOSS_FIELDS
         from trl.trainer.grpo_scoring import Scores
 
         grpo_trainer.score_completions = lambda *args, **kwargs: Scores(logps, entropies, None)
         stub.policy_loss_kwargs = {name: config[name] for name in POLICY_LOSS_FIELDS}
+        stub.entropy_control = EntropyCoefficient.from_config(stub.args)
         loss = trainer_cls.compute_loss(stub, None, inputs)
     loss.backward()
     return dict(

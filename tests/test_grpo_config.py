@@ -203,8 +203,8 @@ INVALID = [
         "sapo_temperature_pos and sapo_temperature_neg must be > 0 (got 1.0, 0.0).",
     ),
     (
-        dict(use_adaptive_entropy=True),
-        "use_adaptive_entropy=True is not supported by this trainer yet: set use_adaptive_entropy=False",
+        dict(entropy_coef_min=0.5, entropy_coef_max=0.1),
+        "entropy_coef_min (0.5) must not exceed entropy_coef_max (0.1).",
     ),
     (dict(scale_rewards="global"), "scale_rewards must be one of group, batch, none (got 'global')."),
     (dict(ref_model_sync_strategy="never"), "ref_model_sync_strategy must be one of steps, epoch (got 'never')."),

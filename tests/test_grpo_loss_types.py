@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
-from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM, TrainerState
 
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.entropy_control import EntropyCoefficient
 from trl.trainer.grpo_scoring import router_aux_loss_settings
 
 
@@ -222,3 +223,44 @@ def test_trl_default_precision_and_checkpointing_train_on_cpu(tiny_lm_path, arit
     trainer, logs, changed = train(tiny_lm_path, arithmetic_dataset, overrides, max_steps=1)
     assert (trainer.args.bf16, trainer.args.gradient_checkpointing) == (True, True)
     assert changed and math.isfinite(logs[0]["loss"]) and math.isfinite(logs[0]["entropy"])
+
+
+# ---------------------------------------------------------------- adaptive entropy control
+
+
+def test_entropy_coefficient_updates_by_hand():
+    control = EntropyCoefficient(0.1, adaptive=True, coef_min=0.0, coef_max=0.11, coef_delta=0.005, target=1.0)
+    assert control.enabled and control.applied() == 0.0  # nothing measured yet: no bonus
+    mask = torch.tensor([[1, 1, 0]])
+    # Two micro-batches of one step: entropies 0.5, 1.0 and 2.0 over valid tokens → mean 3.5 / 3 > 1: coef down.
+    control.observe(torch.tensor([[0.5, 1.0, 9.0]]), mask, end_of_step=False)
+    control.observe(torch.tensor([[2.0, 9.0, 9.0]]), torch.tensor([[1, 0, 0]]), end_of_step=True)
+    assert control.last_entropy == pytest.approx(3.5 / 3) and control.coef == pytest.approx(0.095)
+    assert control.applied() == 0.0  # last entropy above the target
+    control.observe(torch.tensor([[0.5, 0.5, 9.0]]), mask, end_of_step=True)  # mean 0.5 ≤ 1: up, capped at 0.11
+    control.observe(torch.tensor([[0.5, 0.5, 9.0]]), mask, end_of_step=True)
+    control.observe(torch.tensor([[0.5, 0.5, 9.0]]), mask, end_of_step=True)
+    assert control.coef == pytest.approx(0.11) and control.applied() == pytest.approx(0.11)
+    fixed = EntropyCoefficient(0.3)
+    fixed.observe(torch.ones(1, 3), mask, end_of_step=True)
+    assert (fixed.enabled, fixed.applied(), fixed.coef) == (True, 0.3, 0.3)
+    assert not EntropyCoefficient(0.0).enabled
+
+
+def test_entropy_coefficient_state_is_restored_on_resume():
+    control = EntropyCoefficient(0.1, adaptive=True)
+    control.coef, control.last_entropy = 0.42, 0.05
+    state = TrainerState(stateful_callbacks=[control])  # what a checkpoint's trainer_state.json holds
+    state.global_step = 7
+    resumed = EntropyCoefficient(0.1, adaptive=True)
+    resumed.on_train_begin(None, state, None)
+    assert (resumed.coef, resumed.last_entropy) == (0.42, 0.05)
+
+
+def test_adaptive_entropy_trains_and_logs_the_coefficient(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    # The random model's entropy (~log V ≈ 5.9 nats) is far below a target of 100: the coefficient rises every step.
+    kwargs = dict(use_adaptive_entropy=True, entropy_coef=0.0, entropy_coef_delta=0.01, entropy_target=100.0)
+    trainer, logs, changed = train(tiny_lm_path, arithmetic_dataset, grpo_kwargs, **kwargs)
+    assert changed
+    assert [entry["entropy_coef"] for entry in logs] == pytest.approx([0.01, 0.02])
+    assert trainer.entropy_control.last_entropy == pytest.approx(logs[-1]["entropy"], rel=1e-5)

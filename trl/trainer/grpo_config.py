@@ -154,18 +154,24 @@ class GRPOConfig(TrainingArguments):
             loss; the KL term keeps every token. `1.0` keeps all, `0.0` only the highest-entropy one(s); the paper
             uses `0.2`. Padding and tokens masked by `mask_truncated_completions` never count.
         entropy_coef (`float`, *optional*, defaults to `0.0`):
-            Entropy bonus: subtract `entropy_coef` × the mean entropy of the tokens the policy loss acts on, whatever
-            the `loss_type`. `0.0` turns it off.
+            Entropy bonus: subtract `entropy_coef` × the mean entropy of the tokens the policy loss acts on (per
+            micro-batch), whatever the `loss_type`. `0.0` turns it off. With `use_adaptive_entropy`, the initial
+            coefficient.
         use_adaptive_entropy (`bool`, *optional*, defaults to `False`):
-            Adaptive entropy control of Skywork-OR1 (arXiv 2505.22312). Not implemented here: `True` is an error.
+            Adaptive entropy control (Skywork-OR1, arXiv 2505.22312): after every optimizer step the coefficient
+            moves by `entropy_coef_delta`, up when that step's mean entropy (all processes, the tokens the bonus acts
+            on) is at most `entropy_target` and down otherwise, within [`entropy_coef_min`, `entropy_coef_max`]; the
+            bonus is applied only while the last measured entropy is at most `entropy_target`. Its state is saved in
+            checkpoints.
         entropy_coef_min (`float`, *optional*, defaults to `0.0`):
-            Adaptive entropy control: lowest coefficient (accepted for compatibility, unused).
+            Lowest adaptive coefficient.
         entropy_coef_max (`float`, *optional*, defaults to `1.0`):
-            Adaptive entropy control: highest coefficient (accepted for compatibility, unused).
+            Highest adaptive coefficient.
         entropy_coef_delta (`float`, *optional*, defaults to `0.005`):
-            Adaptive entropy control: step of the coefficient (accepted for compatibility, unused).
+            Step of the adaptive coefficient per optimizer step.
         entropy_target (`float`, *optional*, defaults to `0.2`):
-            Adaptive entropy control: target mean entropy in nats (accepted for compatibility, unused).
+            Target mean per-token entropy (nats) of adaptive control. Language models typically sit at 2–10 nats, so
+            the default only reacts to a near-collapse; set it near the entropy seen early in training.
 
         > Parameters that control iterative GRPO (reference-model syncing)
 
@@ -278,7 +284,7 @@ class GRPOConfig(TrainingArguments):
     )
     entropy_coef: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus; 0.0 turns it off."})
     use_adaptive_entropy: bool = field(
-        default=False, metadata={"help": "Adaptive entropy control (Skywork-OR1); not implemented, must be False."}
+        default=False, metadata={"help": "Adapt entropy_coef towards entropy_target every optimizer step."}
     )
     entropy_coef_min: float = field(default=0.0, metadata={"help": "Adaptive entropy control: lowest coefficient."})
     entropy_coef_max: float = field(default=1.0, metadata={"help": "Adaptive entropy control: highest coefficient."})
@@ -347,10 +353,9 @@ class GRPOConfig(TrainingArguments):
                 f"sapo_temperature_pos and sapo_temperature_neg must be > 0 (got {self.sapo_temperature_pos}, "
                 f"{self.sapo_temperature_neg})."
             )
-        if self.use_adaptive_entropy:
+        if self.entropy_coef_min > self.entropy_coef_max:
             errors.append(
-                "use_adaptive_entropy=True is not supported by this trainer yet: set use_adaptive_entropy=False "
-                "(a fixed entropy_coef works)."
+                f"entropy_coef_min ({self.entropy_coef_min}) must not exceed entropy_coef_max ({self.entropy_coef_max})."
             )
         if self.scale_rewards not in SCALE_REWARDS:
             errors.append(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)} (got {self.scale_rewards!r}).")

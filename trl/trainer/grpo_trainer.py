@@ -42,6 +42,7 @@ from ..models.utils import (
     use_adapter,
 )
 from .callbacks import SyncRefModelCallback
+from .entropy_control import EntropyCoefficient
 from .grpo_config import GRPOConfig
 from .grpo_losses import (
     POLICY_LOSS_FIELDS,
@@ -289,6 +290,7 @@ class GRPOTrainer(Trainer):
             if m is not None and args.cast_lm_head_to_fp32:
                 cast_lm_head_to_fp32(m)
         self.router_aux_loss_coef, self.aux_loss_enabled = router_aux_loss_settings(model, args.router_aux_loss_coef)
+        self.entropy_control = EntropyCoefficient.from_config(args)
 
         self.num_generations = args.num_generations
         self.num_iterations = args.num_iterations
@@ -358,6 +360,7 @@ class GRPOTrainer(Trainer):
             else:
                 self.sync_callback = SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator)
                 self.add_callback(self.sync_callback)
+        self.add_callback(self.entropy_control)
 
     # ---- data ----
 
@@ -696,7 +699,7 @@ class GRPOTrainer(Trainer):
     # ---- loss ----
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """GRPO loss of one micro-batch: clipped surrogate + beta × k3 KL, reduced as `loss_type` says.
+        """GRPO loss of one micro-batch: `loss_type`'s policy term + beta × k3 KL, normalised as `loss_type` says.
 
         Raises:
             ValueError: if `return_outputs` is requested (GRPO has no model outputs to return).
@@ -725,17 +728,21 @@ class GRPOTrainer(Trainer):
         per_token_loss = policy.per_token_loss
         if self.beta != 0.0:
             per_token_kl = kl_k3(per_token_logps, inputs["ref_per_token_logps"])
-            if self.args.use_bias_correction_kl:
+            if args.use_bias_correction_kl:
                 per_token_kl = importance_weighted_kl(per_token_kl, policy.ratio)
             per_token_loss = per_token_loss + self.beta * per_token_kl
             metrics["kl"].append(gather(masked_mean(per_token_kl.detach(), mask)).nanmean().item())
         loss = aggregate_loss(
             per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"]
         )
-        if args.entropy_coef != 0.0:  # entropy bonus: the mean entropy of the tokens the policy loss acts on
+        if self.entropy_control.enabled:  # entropy bonus: the mean entropy of the tokens the policy loss acts on
             metrics["policy_loss"].append(gather(loss.detach()).nanmean().item())
-            loss = loss - args.entropy_coef * masked_mean(entropies, mask if entropy_mask is None else entropy_mask)
-            metrics["entropy_coef"].append(args.entropy_coef)
+            bonus_mask, end_of_step = mask if entropy_mask is None else entropy_mask, self.accelerator.sync_gradients
+            loss = loss - self.entropy_control.applied() * masked_mean(entropies, bonus_mask)
+            if mode == "train":
+                self.entropy_control.observe(entropies, bonus_mask, end_of_step, self.accelerator.reduce)
+            if end_of_step:
+                metrics["entropy_coef"].append(self.entropy_control.coef)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss
             metrics["aux_loss"].append(gather(aux_loss.detach()).mean().item())
