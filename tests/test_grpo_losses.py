@@ -593,3 +593,11 @@ def test_metric_mean_per_token_and_per_sequence():
     assert metric_mean(torch.tensor([[1.0, 3.0, 99.0], [5.0, 99.0, 99.0]]), mask).item() == 3.0  # (1 + 3 + 5) / 3
     # A per-sequence value counts once per sequence, whatever its length (TRL's convention for sequence-level ratios).
     assert metric_mean(torch.tensor([[1.0], [4.0]]), mask).item() == 2.5
+
+
+def test_entropy_without_gradient_keeps_the_log_prob_gradient():
+    logits = torch.randn(2, 3, 7, requires_grad=True)
+    index = torch.randint(0, 7, (2, 3))
+    logps, entropy = selective_log_softmax(logits, index, return_entropy=True, entropy_grad=False)
+    assert logps.requires_grad and not entropy.requires_grad
+    assert torch.equal(entropy, selective_log_softmax(logits, index, return_entropy=True)[1].detach())

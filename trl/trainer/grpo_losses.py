@@ -131,7 +131,11 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | list[int])
 
 
 def selective_log_softmax(
-    logits: torch.Tensor, index: torch.Tensor, max_chunk_bytes: int = 2**28, return_entropy: bool = False
+    logits: torch.Tensor,
+    index: torch.Tensor,
+    max_chunk_bytes: int = 2**28,
+    return_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log softmax(logits)[index] per position, computed in float32, in row chunks of at most `max_chunk_bytes` of
     float32 logits (one batched kernel for small batches, bounded memory for large vocabularies).
@@ -141,10 +145,10 @@ def selective_log_softmax(
         index: `(N, L)` int tensor of token ids.
         max_chunk_bytes: memory budget of one chunk's float32 log-probs.
         return_entropy: also return the entropy −Σ_v p_v log p_v of each position's distribution (in nats).
+        entropy_grad: whether the entropies carry a gradient (`False` saves an `(N, L, V)` float32 buffer).
 
     Returns:
-        `(N, L)` float32 log-probabilities, and with `return_entropy` a second `(N, L)` float32 tensor of entropies
-        (differentiable, like the log-probabilities).
+        `(N, L)` float32 log-probabilities, and with `return_entropy` a second `(N, L)` float32 tensor of entropies.
     """
     row_bytes = max(1, logits[0].numel() * 4)
     rows_per_chunk = max(1, max_chunk_bytes // row_bytes)
@@ -153,7 +157,8 @@ def selective_log_softmax(
         logp = torch.log_softmax(logits[start : start + rows_per_chunk].float(), dim=-1)
         out.append(logp.gather(-1, index[start : start + rows_per_chunk].unsqueeze(-1)).squeeze(-1))
         if return_entropy:
-            entropies.append(-(logp.exp() * logp).sum(-1))
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropies.append(-(logp.exp() * logp).sum(-1))
     if return_entropy:
         return torch.cat(out, dim=0), torch.cat(entropies, dim=0)
     return torch.cat(out, dim=0)

@@ -27,6 +27,7 @@ def score_completions(
     batch_size: int | None = None,
     compute_entropy: bool = False,
     compute_aux_loss: bool = False,
+    entropy_grad: bool = False,
 ) -> Scores:
     """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
     logits divided by `temperature`, so they describe the distribution the completions were sampled from.
@@ -43,6 +44,7 @@ def score_completions(
         compute_entropy: also return the `(N, L)` entropies.
         compute_aux_loss: pass `output_router_logits=True` and return the mean of the model's MoE load-balancing
             `aux_loss` over the forward passes.
+        entropy_grad: let the entropies carry a gradient (only an entropy bonus needs it; it costs memory).
 
     Returns:
         `Scores`.
@@ -62,7 +64,7 @@ def score_completions(
             **extra,
         )
         logits = outputs.logits[:, :-1, :] / temperature
-        out = selective_log_softmax(logits, ids[:, -logits_to_keep:], return_entropy=compute_entropy)
+        out = selective_log_softmax(logits, ids[:, -logits_to_keep:], 2**28, compute_entropy, entropy_grad)
         logps.append(out[0] if compute_entropy else out)
         if compute_entropy:
             entropies.append(out[1])

@@ -710,10 +710,10 @@ class GRPOTrainer(Trainer):
         completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
-        scores = score_completions(
-            model, input_ids, attention_mask, mask.size(1), self.temperature, None, True, self.aux_loss_enabled
+        bonus = self.entropy_control.enabled  # the entropies need a gradient only for the entropy bonus
+        per_token_logps, entropies, aux_loss = score_completions(
+            model, input_ids, attention_mask, mask.size(1), self.temperature, None, True, self.aux_loss_enabled, bonus
         )
-        per_token_logps, entropies, aux_loss = scores
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
