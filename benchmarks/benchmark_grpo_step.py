@@ -64,6 +64,7 @@ def grpo_step_time(model_dir: str, steps: int, sync: bool, use_cpu: bool, dtype:
         disable_tqdm=True,
         seed=0,
         bf16=bf16 and not use_cpu,
+        gradient_checkpointing=False,
         model_init_kwargs={"dtype": dtype},
     )
     trainer = GRPOTrainer(

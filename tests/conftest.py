@@ -77,6 +77,9 @@ def tiny_grpo_kwargs(output_dir: str) -> dict:
     return dict(
         output_dir=output_dir,
         use_cpu=True,
+        bf16=False,  # TRL's default is bf16=True (autocast even on the CPU): tests run in float32
+        gradient_checkpointing=False,  # TRL's default is True: tiny models need no recomputation
+        beta=0.04,  # TRL's default is 0.0 (no reference model); most tests exercise the KL term
         report_to="none",
         save_strategy="no",
         logging_steps=1,

@@ -35,6 +35,7 @@ def sync_args(tmp_path, **sync_fields) -> GRPOConfig:
         use_cpu=True,
         report_to="none",
         per_device_train_batch_size=8,
+        beta=0.04,
         sync_ref_model=True,
         **sync_fields,
     )
@@ -78,6 +79,7 @@ def _args(tmp_path, strategy):
         use_cpu=True,
         report_to="none",
         per_device_train_batch_size=8,
+        beta=0.04,
         sync_ref_model=True,
         ref_model_sync_strategy=strategy,
     )

@@ -117,6 +117,8 @@ def test_quick_start_runs_offline(doc, tiny_model, tmp_path):
                 logging_steps=1,
                 save_strategy="no",
                 use_cpu=True,
+                bf16=False,
+                gradient_checkpointing=False,
                 report_to="none",
                 disable_tqdm=True,
             )

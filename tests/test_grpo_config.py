@@ -1,11 +1,14 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """GRPOConfig: defaults, derived batch sizes, bool→str mapping of scale_rewards, and every validation message."""
 
+import dataclasses
 import re
 
 import pytest
+from transformers import TrainingArguments
 
 from trl import GRPOConfig
+from trl.trainer import grpo_config
 
 
 @pytest.fixture
@@ -13,31 +16,166 @@ def base(tmp_path):
     return dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
 
 
-def test_defaults(base):
+# TRL 1.16.0's GRPOConfig defaults for every field we share with it (the GRPO fields, and the TrainingArguments
+# fields TRL overrides), read from `dataclasses.fields(trl.GRPOConfig)` of TRL 1.16.0.
+TRL_1_16_DEFAULTS = {
+    "beta": 0.0,
+    "bf16": None,
+    "cast_lm_head_to_fp32": False,
+    "chat_template_kwargs": None,
+    "delta": None,
+    "disable_dropout": False,
+    "ds3_gather_for_generation": True,
+    "entropy_coef": 0.0,
+    "entropy_coef_delta": 0.005,
+    "entropy_coef_max": 1.0,
+    "entropy_coef_min": 0.0,
+    "entropy_target": 0.2,
+    "epsilon": 0.2,
+    "epsilon_high": None,
+    "generation_batch_size": None,
+    "generation_kwargs": None,
+    "gradient_checkpointing": True,
+    "importance_sampling_level": "token",
+    "learning_rate": 1e-06,
+    "log_completions": False,
+    "log_completions_hub_repo": None,
+    "log_multimodal": True,
+    "log_unique_prompts": False,
+    "logging_steps": 10,
+    "loss_type": "dapo",
+    "mask_truncated_completions": False,
+    "max_completion_length": 512,
+    "max_tool_calling_iterations": None,
+    "min_p": None,
+    "model_init_kwargs": None,
+    "multi_objective_aggregation": "sum_then_normalize",
+    "num_completions_to_print": None,
+    "num_generations": 8,
+    "num_generations_eval": None,
+    "num_iterations": 1,
+    "off_policy_mask_threshold": None,
+    "pad_to_multiple_of": "auto",
+    "ref_model_mixup_alpha": 0.6,
+    "ref_model_sync_steps": 512,
+    "remove_unused_columns": False,
+    "repetition_penalty": 1.0,
+    "reward_weights": None,
+    "router_aux_loss_coef": None,
+    "sapo_temperature_neg": 1.05,
+    "sapo_temperature_pos": 1.0,
+    "scale_rewards": "group",
+    "shuffle_dataset": True,
+    "steps_per_generation": None,
+    "sync_ref_model": False,
+    "temperature": 1.0,
+    "top_entropy_quantile": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "transformers_continuous_batching_config": None,
+    "trust_remote_code": False,
+    "use_adaptive_entropy": False,
+    "use_bias_correction_kl": True,
+    "use_transformers_continuous_batching": False,
+    "use_transformers_paged": False,
+    "use_vllm": False,
+    "vespo_k_neg": 3.0,
+    "vespo_k_pos": 2.0,
+    "vespo_lambda_neg": 2.0,
+    "vespo_lambda_pos": 3.0,
+    "vllm_enable_sleep_mode": False,
+    "vllm_gpu_memory_utilization": 0.3,
+    "vllm_group_port": 51216,
+    "vllm_importance_sampling_cap": None,
+    "vllm_importance_sampling_clip_max": 3.0,
+    "vllm_importance_sampling_clip_min": None,
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_max_model_length": None,
+    "vllm_mode": "colocate",
+    "vllm_model_impl": "vllm",
+    "vllm_server_base_url": None,
+    "vllm_server_host": "0.0.0.0",
+    "vllm_server_port": 8000,
+    "vllm_server_timeout": 240.0,
+    "vllm_structured_outputs_regex": None,
+    "vllm_tensor_parallel_size": 1,
+}
+# Ours only: the opt-in prompt cut, the per-epoch sync strategy and Algorithm 1's reward-model refresh.
+OUR_ONLY_DEFAULTS = {
+    "max_prompt_length": None,
+    "ref_model_sync_strategy": "steps",
+    "reward_model_update_steps": None,
+    "reward_model_replay_ratio": 0.1,
+    "reward_model_learning_rate": 1e-5,
+    "reward_model_num_epochs": 1,
+    "reward_model_batch_size": 8,
+    "reward_model_replay_buffer_size": 10000,
+    "reward_model_loss_type": "pointwise",
+}
+
+
+def test_field_defaults_are_trl_1_16s():
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    assert {name: defaults[name] for name in TRL_1_16_DEFAULTS} == TRL_1_16_DEFAULTS
+    assert {name: defaults[name] for name in OUR_ONLY_DEFAULTS} == OUR_ONLY_DEFAULTS
+    grpo_fields = set(defaults) - {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert grpo_fields <= set(TRL_1_16_DEFAULTS) | set(OUR_ONLY_DEFAULTS), "a new field needs its TRL default here"
+
+
+def test_resolved_defaults(base):
     args = GRPOConfig(**base)
-    assert args.num_generations == 8
-    assert args.beta == 0.04
-    assert args.epsilon == 0.2
-    assert args.epsilon_high is None
-    assert args.num_iterations == 1
-    assert args.loss_type == "dapo"
-    assert args.scale_rewards == "group"
-    assert args.sync_ref_model is False
-    assert args.ref_model_mixup_alpha == 0.6
-    assert args.ref_model_sync_steps == 512
-    assert args.ref_model_sync_strategy == "steps"
-    assert args.learning_rate == 1e-6
-    assert args.remove_unused_columns is False
-    assert args.max_prompt_length is None  # TRL 1.16 has no prompt cut
-    assert args.max_completion_length == 512
-    assert args.num_completions_to_print is None
-    assert args.temperature == 1.0
-    assert args.mask_truncated_completions is False
-    assert args.reward_weights is None
+    # bf16=None resolves to True (fp16 unset), as in TRL; gradient checkpointing is on; TRL's logging interval.
+    assert (args.bf16, args.gradient_checkpointing, args.logging_steps) == (True, True, 10)
+    assert (args.beta, args.loss_type, args.importance_sampling_level, args.max_completion_length) == (
+        0.0,
+        "dapo",
+        "token",
+        512,
+    )
+    assert GRPOConfig(**base, bf16=False, gradient_checkpointing=False).bf16 is False
     # Derived: steps_per_generation = gradient_accumulation_steps, generation batch = per-device × processes × spg.
     assert args.world_size == 1
     assert args.steps_per_generation == args.gradient_accumulation_steps == 1
     assert args.generation_batch_size == args.per_device_train_batch_size * 1 * 1
+
+
+def test_sync_without_beta_is_an_error_with_trl_defaults(base):
+    with pytest.raises(ValueError, match=re.escape("sync_ref_model=True needs a reference model, but beta=0.0")):
+        GRPOConfig(**base, sync_ref_model=True)
+    assert GRPOConfig(**base, sync_ref_model=True, beta=0.04).sync_ref_model is True
+
+
+@pytest.mark.parametrize(
+    "overrides, warning",
+    [
+        (dict(loss_type="luspo"), "loss_type='luspo' is defined with importance_sampling_level='sequence'"),
+        (dict(loss_type="vespo", importance_sampling_level="sequence"), "loss_type='vespo' builds its own"),
+        (dict(importance_sampling_level="sequence"), "loss_type='dapo' sums per-token terms"),
+        (dict(importance_sampling_level="sequence", loss_type="cispo"), "loss_type='cispo' sums per-token terms"),
+    ],
+)
+def test_loss_combination_warnings(base, monkeypatch, overrides, warning):
+    messages = []
+    monkeypatch.setattr(grpo_config.logger, "warning", messages.append)
+    GRPOConfig(**base, **overrides)
+    assert len(messages) == 1 and warning in messages[0]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(importance_sampling_level="sequence", loss_type="grpo"),
+        dict(loss_type="luspo", importance_sampling_level="sequence"),
+        dict(loss_type="vespo"),
+        dict(loss_type="sapo"),
+    ],
+)
+def test_paper_setups_do_not_warn(base, monkeypatch, overrides):
+    messages = []
+    monkeypatch.setattr(grpo_config.logger, "warning", messages.append)
+    GRPOConfig(**base, **overrides)
+    assert messages == []
 
 
 def test_steps_per_generation_defaults_to_gradient_accumulation_steps(base):
@@ -69,6 +207,7 @@ def test_valid_edge_values(base):
         **base,
         ref_model_mixup_alpha=1.0,
         ref_model_sync_steps=1,
+        beta=0.04,
         sync_ref_model=True,
         num_generations=2,
         per_device_train_batch_size=2,
@@ -92,7 +231,21 @@ INVALID = [
         dict(sync_ref_model=True, beta=0.0),
         "sync_ref_model=True needs a reference model, but beta=0.0 loads none: set beta > 0 or sync_ref_model=False.",
     ),
-    (dict(loss_type="ppo"), "loss_type must be one of grpo, bnpo, dr_grpo, dapo (got 'ppo')."),
+    (
+        dict(loss_type="ppo"),
+        "loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo (got 'ppo').",
+    ),
+    (dict(importance_sampling_level="seq"), "importance_sampling_level must be 'token' or 'sequence' (got 'seq')."),
+    (dict(top_entropy_quantile=1.5), "top_entropy_quantile must be in [0, 1] (got 1.5)."),
+    (dict(top_entropy_quantile=-0.1), "top_entropy_quantile must be in [0, 1] (got -0.1)."),
+    (
+        dict(sapo_temperature_neg=0.0),
+        "sapo_temperature_pos and sapo_temperature_neg must be > 0 (got 1.0, 0.0).",
+    ),
+    (
+        dict(entropy_coef_min=0.5, entropy_coef_max=0.1),
+        "entropy_coef_min (0.5) must not exceed entropy_coef_max (0.1).",
+    ),
     (dict(scale_rewards="global"), "scale_rewards must be one of group, batch, none (got 'global')."),
     (dict(ref_model_sync_strategy="never"), "ref_model_sync_strategy must be one of steps, epoch (got 'never')."),
     (
@@ -159,43 +312,8 @@ def test_all_errors_are_reported_together(base):
 
 
 # TRL 1.16.0's defaults (read from its GRPOConfig) for the fields added for compatibility.
-TRL_DEFAULTS = dict(
-    trust_remote_code=False,
-    num_generations_eval=None,
-    chat_template_kwargs=None,
-    multi_objective_aggregation="sum_then_normalize",
-    log_unique_prompts=False,
-    log_multimodal=True,
-    use_vllm=False,
-    vllm_mode="colocate",
-    vllm_model_impl="vllm",
-    vllm_enable_sleep_mode=False,
-    vllm_structured_outputs_regex=None,
-    vllm_server_base_url=None,
-    vllm_server_host="0.0.0.0",
-    vllm_server_port=8000,
-    vllm_server_timeout=240.0,
-    vllm_group_port=51216,
-    vllm_gpu_memory_utilization=0.3,
-    vllm_max_model_length=None,
-    vllm_tensor_parallel_size=1,
-    vllm_importance_sampling_correction=True,
-    vllm_importance_sampling_mode="sequence_mask",
-    vllm_importance_sampling_clip_max=3.0,
-    vllm_importance_sampling_clip_min=None,
-    vllm_importance_sampling_cap=None,
-    use_transformers_continuous_batching=False,
-    transformers_continuous_batching_config=None,
-    use_transformers_paged=False,
-    max_tool_calling_iterations=None,
-    log_completions_hub_repo=None,
-)
-
-
-def test_trl_compatibility_fields_have_trl_defaults(base):
-    args = GRPOConfig(**base)
-    assert {name: getattr(args, name) for name in TRL_DEFAULTS} == TRL_DEFAULTS
-    assert args.pad_to_multiple_of is None  # "auto" resolves to None off AWS Neuron
+def test_pad_to_multiple_of_auto_resolves_to_none_off_neuron(base):
+    assert GRPOConfig(**base).pad_to_multiple_of is None  # "auto" resolves to None off AWS Neuron
 
 
 @pytest.mark.parametrize("value, expected", [("auto", None), ("none", None), ("null", None), ("16", 16), (8, 8)])

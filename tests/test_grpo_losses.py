@@ -8,16 +8,25 @@ import torch
 
 from trl.trainer.grpo_losses import (
     ADVANTAGE_STD_EPS,
+    CLIPPED_LOSS_TYPES,
     KL_LOG_RATIO_LINEAR_FROM,
     aggregate_loss,
+    cispo_loss,
     clipped_surrogate,
     completion_mask,
     group_advantages,
+    high_entropy_mask,
+    importance_ratio,
     importance_weighted_kl,
     kl_k3,
     masked_mean,
+    metric_mean,
+    off_policy_sequence_mask,
     pad_to_multiple,
+    per_token_policy_loss,
+    sapo_loss,
     selective_log_softmax,
+    vespo_weights,
 )
 
 
@@ -176,7 +185,8 @@ def _expected_kl_gradient(theta, ref_logp, bias_correction):
     old_logp = logp.detach()
     per_token = kl_k3(logp.unsqueeze(0), ref_logp.unsqueeze(0))
     if bias_correction:
-        per_token = importance_weighted_kl(per_token, logp.unsqueeze(0), old_logp.unsqueeze(0))
+        ratio = importance_ratio(logp.unsqueeze(0), old_logp.unsqueeze(0), torch.ones(1, logp.numel()))
+        per_token = importance_weighted_kl(per_token, ratio)
     (old_logp.exp() * per_token.squeeze(0)).sum().backward()
     return theta.grad
 
@@ -198,9 +208,10 @@ def test_importance_weighted_kl_gradient_is_the_reverse_kl_gradient():
 def test_importance_weighted_kl_value_is_unchanged_on_policy():
     logp, ref = torch.randn(3, 5) - 2, torch.randn(3, 5) - 2
     kl = kl_k3(logp, ref)
-    assert torch.equal(importance_weighted_kl(kl, logp, logp.clone()), kl)
+    mask = torch.ones(3, 5)
+    assert torch.equal(importance_weighted_kl(kl, importance_ratio(logp, logp.clone(), mask)), kl)
     old = logp - 0.5  # ρ = e^0.5 everywhere
-    torch.testing.assert_close(importance_weighted_kl(kl, logp, old), kl * math.exp(0.5))
+    torch.testing.assert_close(importance_weighted_kl(kl, importance_ratio(logp, old, mask)), kl * math.exp(0.5))
 
 
 def test_kl_k3_is_continuous_at_the_linear_switch():
@@ -233,7 +244,8 @@ def test_clipped_surrogate_by_hand():
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0, -2.0])
     logp = torch.log(ratios).view(6, 1).requires_grad_(True)
     old = torch.zeros(6, 1)
-    loss, low, high = clipped_surrogate(logp, old, advantages, epsilon_low=0.2, epsilon_high=0.2)
+    ratio = importance_ratio(logp, old, torch.ones(6, 1))
+    loss, low, high = clipped_surrogate(ratio, advantages, epsilon_low=0.2, epsilon_high=0.2)
     # −min(ρA, clip(ρ, 0.8, 1.2)A):
     #  ρ=1.5,A=+1 → −1.2 (clipped high); ρ=1.5,A=−1 → +1.5; ρ=0.5,A=+1 → −0.5; ρ=0.5,A=−1 → +0.8 (clipped low);
     #  ρ=1.1,A=±2 → ∓2.2.
@@ -248,10 +260,8 @@ def test_clipped_surrogate_by_hand():
 
 
 def test_clipped_surrogate_asymmetric_clip_higher():
-    logp = torch.log(torch.tensor([[1.25, 1.3]]))
-    loss, low, high = clipped_surrogate(
-        logp, torch.zeros(1, 2), torch.tensor([1.0]), epsilon_low=0.2, epsilon_high=0.28
-    )
+    ratio = torch.tensor([[1.25, 1.3]])
+    loss, low, high = clipped_surrogate(ratio, torch.tensor([1.0]), epsilon_low=0.2, epsilon_high=0.28)
     torch.testing.assert_close(loss, torch.tensor([[-1.25, -1.28]]), rtol=1e-6, atol=0)
     assert torch.equal(high, torch.tensor([[False, True]]))
     assert not low.any()
@@ -260,7 +270,7 @@ def test_clipped_surrogate_asymmetric_clip_higher():
 def test_clipped_surrogate_on_policy_is_minus_advantage():
     logp = torch.randn(3, 4)
     adv = torch.tensor([0.5, -1.0, 2.0])
-    loss, low, high = clipped_surrogate(logp, logp.detach(), adv, 0.2, 0.2)
+    loss, low, high = clipped_surrogate(importance_ratio(logp, logp.detach(), torch.ones(3, 4)), adv, 0.2, 0.2)
     assert torch.equal(loss, -adv.unsqueeze(1).expand(3, 4))
     assert not low.any() and not high.any()
 
@@ -301,7 +311,9 @@ def test_aggregate_loss_empty_mask_is_zero():
 
 
 def test_aggregate_loss_errors():
-    with pytest.raises(ValueError, match="loss_type must be 'grpo', 'bnpo', 'dr_grpo' or 'dapo', got 'sum'"):
+    with pytest.raises(
+        ValueError, match="loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo, got 'sum'"
+    ):
         aggregate_loss(PER_TOKEN, MASK, "sum")
     with pytest.raises(ValueError, match="dr_grpo' needs max_completion_length"):
         aggregate_loss(PER_TOKEN, MASK, "dr_grpo")
@@ -351,3 +363,239 @@ def test_pad_to_multiple():
     assert torch.equal(pad_to_multiple(ids, 4, 0, side="left"), torch.tensor([[0, 5, 6, 7], [0, 8, 9, 1]]))
     assert torch.equal(pad_to_multiple(ids, 2, -1), torch.tensor([[5, 6, 7, -1], [8, 9, 1, -1]]))
     assert pad_to_multiple(ids, 3, 0) is ids and pad_to_multiple(ids, None, 0) is ids
+
+
+# ---------------------------------------------------------------- entropy (selective_log_softmax)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_selective_log_softmax_entropy_value_and_gradient(dtype):
+    logits = (torch.randn(3, 5, 11) * 3).to(dtype).requires_grad_(True)
+    index = torch.randint(0, 11, (3, 5))
+    logps, entropy = selective_log_softmax(logits, index, return_entropy=True)
+    reference = torch.distributions.Categorical(logits=logits.detach().float().requires_grad_(True))
+    assert entropy.dtype == torch.float32 and entropy.shape == (3, 5)
+    torch.testing.assert_close(entropy, reference.entropy(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(logps, selective_log_softmax(logits, index))
+    # Chunked: same values.
+    chunked = selective_log_softmax(logits, index, max_chunk_bytes=220, return_entropy=True)
+    assert torch.equal(chunked[1], entropy)
+    # Gradient of H = −Σ p log p with respect to the logits: −p (log p + H).
+    entropy.sum().backward()
+    p = torch.softmax(logits.detach().float(), -1)
+    expected = -p * (torch.log_softmax(logits.detach().float(), -1) + entropy.detach().unsqueeze(-1))
+    torch.testing.assert_close(
+        logits.grad.float(), expected, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6
+    )
+
+
+def test_uniform_distribution_entropy_is_log_vocab():
+    _, entropy = selective_log_softmax(torch.zeros(1, 2, 8), torch.zeros(1, 2, dtype=torch.long), return_entropy=True)
+    torch.testing.assert_close(entropy, torch.full((1, 2), math.log(8.0)))
+
+
+# ---------------------------------------------------------------- importance_ratio
+
+
+def test_importance_ratio_token_and_sequence_value_and_gradient():
+    logp = torch.tensor([[0.2, 0.4, 9.9], [0.1, 0.0, 0.0]], requires_grad=True)
+    old = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    token = importance_ratio(logp, old, mask, "token")
+    torch.testing.assert_close(token, torch.exp(logp.detach()))
+    sequence = importance_ratio(logp, old, mask, "sequence")
+    # Mean log-ratio over valid tokens: (0.2 + 0.4)/2 = 0.3 and 0.1; padding (9.9) never counts.
+    assert sequence.shape == (2, 1)
+    torch.testing.assert_close(sequence, torch.tensor([[math.exp(0.3)], [math.exp(0.1)]]))
+    sequence.sum().backward()
+    # d exp(mean)/d log π_t = exp(mean) / |o| on valid tokens, 0 on padding.
+    expected = torch.tensor([[math.exp(0.3) / 2, math.exp(0.3) / 2, 0.0], [math.exp(0.1), 0.0, 0.0]])
+    torch.testing.assert_close(logp.grad, expected)
+    with pytest.raises(ValueError, match="importance_sampling_level must be 'token' or 'sequence', got 'seq'"):
+        importance_ratio(logp, old, mask, "seq")
+
+
+def test_importance_weighted_kl_broadcasts_a_sequence_ratio():
+    kl = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    torch.testing.assert_close(
+        importance_weighted_kl(kl, torch.tensor([[2.0], [0.5]])), torch.tensor([[2.0, 4.0], [1.5, 2.0]])
+    )
+
+
+# ---------------------------------------------------------------- delta, cispo, sapo, vespo
+
+
+def test_clipped_surrogate_two_sided_delta():
+    ratio = torch.tensor([[3.0, 1.5, 3.0]], requires_grad=True)
+    adv = torch.tensor([-1.0])
+    plain, _, _ = clipped_surrogate(ratio, adv, 0.2, 0.2)
+    loss, low, high = clipped_surrogate(ratio, adv, 0.2, 0.2, delta=2.0)
+    # Â < 0: −min(min(ρ, δ)·Â, clip(ρ)·Â) = min(ρ, δ) when ρ > 1.2: 3 → 2 (capped), 1.5 → 1.5.
+    torch.testing.assert_close(plain, torch.tensor([[3.0, 1.5, 3.0]]))
+    torch.testing.assert_close(loss, torch.tensor([[2.0, 1.5, 2.0]]))
+    assert not low.any() and not high.any()
+    loss.sum().backward()
+    torch.testing.assert_close(ratio.grad, torch.tensor([[0.0, 1.0, 0.0]]))  # capped tokens carry no gradient
+
+
+def test_cispo_loss_value_and_gradient():
+    logp = torch.log(torch.tensor([[0.5, 3.0, 6.0]])).requires_grad_(True)
+    ratio = importance_ratio(logp, torch.zeros(1, 3), torch.ones(1, 3))
+    loss = cispo_loss(ratio, torch.tensor([2.0]), logp, epsilon_high=5.0)
+    weights = torch.tensor([[0.5, 3.0, 5.0]])  # min(ρ, 5)
+    torch.testing.assert_close(loss, -weights * 2.0 * logp.detach())
+    loss.sum().backward()
+    # The weight is detached: the gradient is −min(ρ, ε_max)·Â, also where ρ is clipped (unlike PPO's clip).
+    torch.testing.assert_close(logp.grad, -weights * 2.0)
+
+
+def test_sapo_loss_value_and_gradient():
+    ratio = torch.tensor([[1.5, 1.0], [1.5, 1.0]], requires_grad=True)
+    adv = torch.tensor([2.0, -1.0])
+    loss = sapo_loss(ratio, adv, temperature_pos=1.0, temperature_neg=1.05)
+    s_pos, s_neg = 1 / (1 + math.exp(-0.5)), 1 / (1 + math.exp(-1.05 * 0.5))
+    expected = torch.tensor([[-4 * s_pos * 2.0, -2.0 * 2.0], [4 / 1.05 * s_neg, 2 / 1.05]])
+    torch.testing.assert_close(loss, expected)
+    loss.sum().backward()
+    # d/dρ = −4·σ(1 − σ)·Â: at ρ = 1 it is −Â, the unclipped surrogate's gradient.
+    expected_grad = torch.tensor([[-4 * s_pos * (1 - s_pos) * 2.0, -2.0], [4 * s_neg * (1 - s_neg), 1.0]])
+    torch.testing.assert_close(ratio.grad, expected_grad)
+
+
+def test_vespo_weights_by_hand():
+    logp = torch.tensor([[0.1, 0.2, 5.0], [0.1, 0.2, 5.0], [0.0, 0.0, 0.0], [30.0, 30.0, 0.0]])
+    old = torch.zeros(4, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([1.0, -1.0, 0.0, 1.0])
+    phi = vespo_weights(adv, logp, old, mask, k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)
+    w = math.exp(0.3)  # the sum (not the mean) of the valid log-ratios
+    expected = [
+        math.exp(3 + 2 * 0.3 - 3 * w),
+        math.exp(2 + 3 * 0.3 - 2 * w),
+        1.0,  # φ(1) = 1
+        0.0,  # log w clamped to 20: e^(3 + 40 − 3e^20) underflows to 0
+    ]
+    torch.testing.assert_close(phi, torch.tensor(expected).unsqueeze(1), rtol=1e-5, atol=0)
+    assert not phi.requires_grad
+
+
+def test_vespo_policy_loss_gradient_is_phi_times_advantage():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    old = torch.tensor([[-1.1, -2.1]])
+    out = per_token_policy_loss(logp, old, torch.tensor([0.5]), torch.ones(1, 2), loss_type="vespo")
+    phi = math.exp(3 + 2 * 0.2 - 3 * math.exp(0.2))
+    torch.testing.assert_close(out.metrics["vespo/phi_seq_mean"], torch.tensor([[phi]]))
+    out.per_token_loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.full((1, 2), -phi * 0.5))
+
+
+# ---------------------------------------------------------------- masks
+
+
+def test_off_policy_sequence_mask_by_hand():
+    logp = torch.zeros(4, 3)
+    # mean over valid tokens of log π_old − log π_θ: 0.6, 0.4, 2.0, 0.6 (the padded 50.0 never counts)
+    old = torch.tensor([[0.6, 0.6, 50.0], [0.4, 0.4, 50.0], [2.0, 2.0, 2.0], [1.2, 0.0, 50.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([-1.0, -1.0, 1.0, 0.0])
+    keep = off_policy_sequence_mask(adv, logp, old, mask, threshold=0.5)
+    # drop only: negative advantage AND drift > 0.5
+    assert torch.equal(keep, torch.tensor([[0.0], [1.0], [1.0], [1.0]]))
+
+
+def test_high_entropy_mask_by_hand():
+    entropies = torch.tensor([[0.1, 0.5, 0.9, 100.0], [0.3, 0.7, 50.0, 50.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    # valid: 0.1 0.3 0.5 0.7 0.9; 0.6-quantile (linear) = 0.5 + 0.4·0.2 = 0.58 → keep 0.9 and 0.7, never padding
+    kept = high_entropy_mask(entropies, mask, top_quantile=0.4)
+    assert torch.equal(kept, torch.tensor([[False, False, True, False], [False, True, False, False]]))
+    assert torch.equal(high_entropy_mask(entropies, mask, 1.0), mask.bool())
+    assert torch.equal(high_entropy_mask(entropies, mask, 0.0), entropies == 0.9)
+    # Other processes' low-entropy tokens lower the threshold: with three 0.0s added, the 0.6-quantile of the 8 values
+    # (position 4.2 of 0 0 0 0.1 0.3 0.5 0.7 0.9) is 0.34, so 0.5 is kept too.
+    others = lambda x: torch.cat([x, torch.zeros(3)])  # noqa: E731
+    with_others = high_entropy_mask(entropies, mask, 0.4, gather=others)
+    assert torch.equal(with_others, torch.tensor([[False, True, True, False], [False, True, False, False]]))
+    assert not high_entropy_mask(entropies, torch.zeros_like(mask), 0.4).any()
+
+
+# ---------------------------------------------------------------- per_token_policy_loss
+
+
+def test_policy_loss_dispatch_matches_the_formulas():
+    torch.manual_seed(0)
+    logp, old = torch.randn(4, 5) - 1, torch.randn(4, 5) - 1
+    adv, mask = torch.tensor([1.0, -0.5, 0.0, 2.0]), torch.tensor([[1] * 5, [1] * 3 + [0] * 2, [1] * 5, [1] + [0] * 4])
+    ratio = torch.exp(logp - old)
+    for loss_type in CLIPPED_LOSS_TYPES:
+        out = per_token_policy_loss(logp, old, adv, mask, loss_type=loss_type, epsilon=0.2, epsilon_high=0.28)
+        expected, low, high = clipped_surrogate(ratio, adv, 0.2, 0.28)
+        assert torch.equal(out.per_token_loss, expected) and torch.equal(out.ratio, ratio)
+        assert torch.equal(out.metrics["clip_ratio/region_mean"], (low | high).float())
+    cispo = per_token_policy_loss(logp, old, adv, mask, loss_type="cispo", epsilon_high=4.0)
+    assert torch.equal(cispo.per_token_loss, cispo_loss(ratio, adv, logp, 4.0))
+    assert torch.equal(cispo.metrics["cispo_clip_ratio"], ((ratio > 4.0) & (adv.unsqueeze(1) > 0)).float())
+    sapo = per_token_policy_loss(logp, old, adv, mask, loss_type="sapo", sapo_temperature_pos=2.0)
+    assert torch.equal(sapo.per_token_loss, sapo_loss(ratio, adv, 2.0, 1.05)) and sapo.metrics == {}
+    with pytest.raises(
+        ValueError, match="loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo, got 'ppo'"
+    ):
+        per_token_policy_loss(logp, old, adv, mask, loss_type="ppo")
+
+
+def test_gspo_sequence_level_gradient():
+    """GSPO (loss_type='grpo', sequence level), unclipped: the loss is −mean_i ρ_i·Â_i, so
+    d/d log π_{i,t} = −ρ_i·Â_i / (N·|o_i|) on valid tokens."""
+    logp = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, -2.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1.05, -0.95, -1.0], [-2.0, -2.1, 3.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([1.0, -2.0])
+    out = per_token_policy_loss(logp, old, adv, mask, loss_type="grpo", importance_sampling_level="sequence")
+    rho = torch.tensor([1.0, math.exp(0.05)])  # exp(mean log-ratio): 0 and 0.1/2
+    assert out.ratio.shape == (2, 1) and out.per_token_loss.shape == (2, 3)
+    torch.testing.assert_close(out.ratio.squeeze(1), rho)
+    loss = aggregate_loss(out.per_token_loss, mask, "grpo")
+    torch.testing.assert_close(loss, -(rho * adv).mean())
+    loss.backward()
+    expected = torch.tensor([[-1 / 6, -1 / 6, -1 / 6], [rho[1] * 2 / 4, rho[1] * 2 / 4, 0.0]])
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_policy_loss_masks():
+    logp = torch.zeros(2, 2, requires_grad=True)
+    old = torch.tensor([[1.0, 1.0], [1.0, 1.0]])  # drift log π_old − log π_θ = 1 for both sequences
+    adv = torch.tensor([-1.0, 1.0])
+    token_mask = torch.tensor([[True, True], [True, False]])
+    kwargs = dict(loss_type="grpo", off_policy_mask_threshold=0.5)
+    out = per_token_policy_loss(logp, old, adv, torch.ones(2, 2), token_mask, **kwargs)
+    # Sequence 0 (Â < 0, drift 1 > 0.5) is dropped, sequence 1 (Â > 0) kept; the token mask drops token (1, 1).
+    # ρ = e^−1 and Â = +1: −min(ρ, clip(ρ, 0.8, 1.2)) = −e^−1.
+    r = math.exp(-1.0)
+    torch.testing.assert_close(out.per_token_loss, torch.tensor([[0.0, 0.0], [-r, 0.0]]))
+    out.per_token_loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.0], [-r, 0.0]]))
+
+
+def test_aggregate_loss_new_types():
+    assert aggregate_loss(PER_TOKEN, MASK, "sapo").item() == aggregate_loss(PER_TOKEN, MASK, "grpo").item()
+    for loss_type in ("cispo", "vespo"):
+        assert aggregate_loss(PER_TOKEN, MASK, loss_type, num_items_in_batch=10).item() == pytest.approx(2.1, rel=1e-7)
+    # luspo: per-sequence sums 3 and 18, mean 10.5
+    assert aggregate_loss(PER_TOKEN, MASK, "luspo").item() == 10.5
+    with pytest.raises(ValueError, match="loss_type='cispo' needs num_items_in_batch"):
+        aggregate_loss(PER_TOKEN, MASK, "cispo")
+
+
+def test_metric_mean_per_token_and_per_sequence():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert metric_mean(torch.tensor([[1.0, 3.0, 99.0], [5.0, 99.0, 99.0]]), mask).item() == 3.0  # (1 + 3 + 5) / 3
+    # A per-sequence value counts once per sequence, whatever its length (TRL's convention for sequence-level ratios).
+    assert metric_mean(torch.tensor([[1.0], [4.0]]), mask).item() == 2.5
+
+
+def test_entropy_without_gradient_keeps_the_log_prob_gradient():
+    logits = torch.randn(2, 3, 7, requires_grad=True)
+    index = torch.randint(0, 7, (2, 3))
+    logps, entropy = selective_log_softmax(logits, index, return_entropy=True, entropy_grad=False)
+    assert logps.requires_grad and not entropy.requires_grad
+    assert torch.equal(entropy, selective_log_softmax(logits, index, return_entropy=True)[1].detach())

@@ -11,9 +11,9 @@ from test_distributed import ROOT, _launch
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_metrics import (
-    clip_ratio_metrics,
     completion_length_metrics,
     frac_reward_zero_std,
+    loss_metrics,
     nanstd,
     reward_std,
     sequence_sums,
@@ -69,12 +69,12 @@ def test_token_means_weight_every_token_of_every_process_equally():
     assert token_mean(torch.zeros(3, 2)).item() == 0.0  # no tokens at all
 
 
-def test_clip_ratio_metrics():
+def test_loss_metrics_clip_ratios():
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]])
     low = torch.tensor([[1, 0, 0, 0], [0, 0, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)  # masked tokens don't count
     high = torch.tensor([[0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
-    metrics = clip_ratio_metrics(sequence_sums(mask, low, high, low | high))
-    assert metrics == pytest.approx(
+    values = {"clip_ratio/low_mean": low, "clip_ratio/high_mean": high, "clip_ratio/region_mean": low | high}
+    assert loss_metrics(values, mask) == pytest.approx(
         {
             "clip_ratio/low_mean": 1 / 6,
             "clip_ratio/high_mean": 4 / 6,
@@ -83,8 +83,20 @@ def test_clip_ratio_metrics():
             "clip_ratio/high_max": 1.0,
         }
     )
-    empty = clip_ratio_metrics(torch.zeros(2, 4))
+    empty = loss_metrics(values, torch.zeros_like(mask))
     assert math.isnan(empty["clip_ratio/low_min"]) and math.isnan(empty["clip_ratio/high_max"])
+
+
+def test_loss_metrics_per_sequence_values_count_once_per_sequence_over_processes():
+    """Sequence-level ratios `(N, 1)` are averaged over sequences (TRL); per-token ones over tokens, and `gather`
+    pools the rows of every process before dividing."""
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    per_sequence = torch.tensor([[1.0], [0.0]])  # sequence 0 clipped, sequence 1 not
+    per_token = torch.tensor([[0.3, 0.3, 0.3, 9.0], [0.1, 9.0, 9.0, 9.0]])
+    two_processes = lambda t: torch.cat([t, t.new_tensor([[0.0, 1.0, 4 * 0.5, 4.0]])])  # noqa: E731
+    out = loss_metrics({"clip_ratio/high_mean": per_sequence, "entropy": per_token}, mask, two_processes)
+    # high_mean: (1 + 0 + 0) / 3 sequences; entropy: (0.9 + 0.1 + 2.0) / (3 + 1 + 4) tokens.
+    assert out == pytest.approx({"clip_ratio/high_mean": 1 / 3, "entropy": 3.0 / 8, "clip_ratio/high_max": 1.0})
 
 
 def test_completion_length_metrics():
@@ -162,6 +174,7 @@ def test_metrics_on_two_processes(tmp_path, tiny_lm_path):
         assert rank["handmade"] == pytest.approx(
             {
                 "kl": rank["handmade"]["kl"],
+                "entropy": 0.0,  # the stubbed scores have zero entropy
                 "clip_ratio/low_mean": 5 / 100,
                 "clip_ratio/high_mean": (10 + 9) / 100,
                 "clip_ratio/region_mean": (10 + 9 + 5) / 100,

@@ -138,7 +138,10 @@ def test_on_policy_batches_carry_no_old_logps(soft_sync_run):
 
 def test_beta_zero_loads_no_reference_and_logs_no_kl(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     trainer = GRPOTrainer(
-        tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs, beta=0.0), train_dataset=arithmetic_dataset
+        tiny_lm_path,
+        first_token_reward,
+        args=GRPOConfig(**{**grpo_kwargs, "beta": 0.0}),
+        train_dataset=arithmetic_dataset,
     )
     assert trainer.ref_model is None and trainer.sync_callback is None
     trainer.train()
@@ -148,7 +151,7 @@ def test_beta_zero_loads_no_reference_and_logs_no_kl(tiny_lm_path, arithmetic_da
 
 def test_sync_ref_model_with_beta_zero_raises(grpo_kwargs):
     with pytest.raises(ValueError, match="sync_ref_model=True needs a reference model, but beta=0.0 loads none"):
-        GRPOConfig(**grpo_kwargs, beta=0.0, sync_ref_model=True)
+        GRPOConfig(**{**grpo_kwargs, "beta": 0.0, "sync_ref_model": True})
 
 
 def test_peft_sync_mixes_a_frozen_reference_adapter(tiny_lm_path, arithmetic_dataset, grpo_kwargs):

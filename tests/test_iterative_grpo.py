@@ -50,6 +50,8 @@ def make_trainer(model, output_dir, dataset=None, peft_config=None, **overrides)
         logging_steps=1,
         report_to="none",
         use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
         disable_tqdm=True,
         save_strategy="no",
         seed=0,

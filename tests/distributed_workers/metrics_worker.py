@@ -87,7 +87,11 @@ def main() -> None:
 
     rank = dist.get_rank()
     trainer.model.train()
-    trainer._get_per_token_logps = lambda model, input_ids, *a, **k: torch.zeros(input_ids.size(0), 25)
+    from trl.trainer import grpo_trainer
+    from trl.trainer.grpo_scoring import Scores
+
+    zeros = lambda model, input_ids, *a, **k: Scores(torch.zeros(input_ids.size(0), 25), torch.zeros(4, 25), None)  # noqa: E731
+    grpo_trainer.score_completions = zeros  # policy log-probs (and entropies) are 0
     trainer._metrics["train"].clear()
     trainer.args.use_bias_correction_kl = False  # the handmade KL values are logged as they are (ratios are not 1)
     trainer.compute_loss(trainer.model, handmade_micro_batch(rank))

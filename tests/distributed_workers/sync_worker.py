@@ -181,6 +181,8 @@ def grpo_config(run_dir: str, zero_stage: int | None, alpha: float):
         ref_model_sync_steps=TAU,
         ref_model_mixup_alpha=alpha,
         use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,

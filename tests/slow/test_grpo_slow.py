@@ -47,6 +47,7 @@ def grpo_args(tmp_path, **overrides) -> GRPOConfig:
         learning_rate=1e-5,
         beta=0.04,
         bf16=True,
+        gradient_checkpointing=False,  # TRL's default is True; one test below turns it on
         sync_ref_model=True,
         ref_model_sync_steps=2,
         max_steps=4,

@@ -5,9 +5,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
+from transformers.utils import logging
+
+from .grpo_losses import LOSS_TYPES
 
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+logger = logging.get_logger(__name__)
+
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SCALE_REWARDS = ("group", "batch", "none")
 SYNC_STRATEGIES = ("steps", "epoch")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
@@ -21,8 +26,9 @@ class GRPOConfig(TrainingArguments):
 
     Only the parameters specific to GRPO are listed here; see [`~transformers.TrainingArguments`] for the rest.
     Batch sizes count *completions*: `per_device_train_batch_size=8` with `num_generations=4` holds two prompts.
-    Unlike recent TRL releases, `bf16`, `gradient_checkpointing` and `logging_steps` keep the `TrainingArguments`
-    defaults (fp32, off, 500): set them explicitly for GPU runs.
+    As in TRL, four defaults differ from [`~transformers.TrainingArguments`]: `learning_rate=1e-6`, `logging_steps=10`,
+    `gradient_checkpointing=True` and `bf16=None`, which becomes `True` unless `fp16=True`. On a machine without a
+    bf16-capable accelerator set `bf16=False` (or `use_cpu=True`, which trains with bf16 autocast on the CPU).
 
     Parameters:
         > Parameters that control the model
@@ -36,6 +42,13 @@ class GRPOConfig(TrainingArguments):
         disable_dropout (`bool`, *optional*, defaults to `False`):
             Set every dropout probability of the policy (and reference) model to zero, so that the log-probabilities
             seen when sampling and when training agree.
+        cast_lm_head_to_fp32 (`bool`, *optional*, defaults to `False`):
+            Store the LM head of the policy (and reference) model in float32 and compute the logits in float32, even
+            under mixed precision (ScaleRL, arXiv 2510.13786). Not supported with a PEFT adapter on the LM head.
+        router_aux_loss_coef (`float` or `None`, *optional*):
+            Weight of the load-balancing auxiliary loss of Mixture-of-Experts models, added to the training loss.
+            `None` takes the model config's own `router_aux_loss_coef`; `0.0` turns it off. A non-zero value for a
+            model without router logits is an error.
 
         > Parameters that control the data and generation batches
 
@@ -93,16 +106,42 @@ class GRPOConfig(TrainingArguments):
 
         learning_rate (`float`, *optional*, defaults to `1e-6`):
             Initial learning rate of [`~torch.optim.AdamW`] (overrides the `TrainingArguments` default).
-        beta (`float`, *optional*, defaults to `0.04`):
-            Weight of the KL penalty to the reference model (the DeepSeekMath value, arXiv 2402.03300). This fork
-            exists for the reference model, so the default keeps it on; `0.0` loads no reference model at all
-            and is incompatible with `sync_ref_model=True`.
+        beta (`float`, *optional*, defaults to `0.0`):
+            Weight of the KL penalty to the reference model. `0.0` (TRL's default) loads no reference model at all
+            and is incompatible with `sync_ref_model=True`: iterative GRPO needs `beta > 0` (DeepSeekMath used 0.04,
+            arXiv 2402.03300; DeepSeek-R1 0.001, arXiv 2501.12948).
         num_iterations (`int`, *optional*, defaults to `1`):
             Number of optimisation passes per generation batch (μ in Algorithm 1 of arXiv 2402.03300).
         epsilon (`float`, *optional*, defaults to `0.2`):
             Lower clipping range of the probability ratio (and upper too when `epsilon_high` is `None`).
         epsilon_high (`float` or `None`, *optional*):
-            Upper clipping range (DAPO's clip-higher, arXiv 2503.14476). Defaults to `epsilon`.
+            Upper clipping range (DAPO's clip-higher, arXiv 2503.14476). Defaults to `epsilon`. With
+            `loss_type="cispo"` it is the cap ε_max of the importance weight itself (MiniMax-M1 uses 5.0).
+        delta (`float` or `None`, *optional*):
+            Two-sided clipping (INTELLECT-2, arXiv 2505.07291): cap the unclipped ratio at `delta` so that tokens
+            with a negative advantage and a large ratio have a bounded loss. Use a value above `1 + epsilon_high`;
+            `None` keeps the one-sided GRPO clip.
+        importance_sampling_level (`str`, *optional*, defaults to `"token"`):
+            `"token"`: one importance ratio per token. `"sequence"`: one ratio per completion, the exponential of the
+            mean per-token log-ratio over its valid tokens (GSPO, arXiv 2507.18071; pair it with `loss_type="grpo"`
+            to reproduce the paper). The KL correction multiplies by the ratio of the same level.
+        off_policy_mask_threshold (`float` or `None`, *optional*):
+            Off-policy sequence masking (DeepSeek-V3.2, arXiv 2512.02556, eq. 9): a completion with a negative
+            advantage is left out of the policy loss when the mean over its tokens of log π_old − log π_θ exceeds this
+            value (e.g. `0.5`). `None` disables it.
+        sapo_temperature_pos (`float`, *optional*, defaults to `1.0`):
+            Gate temperature τ of `loss_type="sapo"` (arXiv 2511.20347) for tokens with a positive advantage; > 0.
+        sapo_temperature_neg (`float`, *optional*, defaults to `1.05`):
+            The same for tokens with a zero or negative advantage.
+        vespo_k_pos (`float`, *optional*, defaults to `2.0`):
+            Shape k of the VESPO sequence weight φ(w) = e^λ·w^k·e^(−λw) (arXiv 2602.10693) for non-negative
+            advantages; a larger k damps sequences whose ratio w is below 1 more.
+        vespo_lambda_pos (`float`, *optional*, defaults to `3.0`):
+            Decay λ of φ for non-negative advantages; a larger λ damps sequences whose ratio w is above 1 more.
+        vespo_k_neg (`float`, *optional*, defaults to `3.0`):
+            Shape k of φ for negative advantages.
+        vespo_lambda_neg (`float`, *optional*, defaults to `2.0`):
+            Decay λ of φ for negative advantages.
         reward_weights (`list[float]` or `None`, *optional*):
             One weight per reward function; all `1.0` by default.
         multi_objective_aggregation (`str`, *optional*, defaults to `"sum_then_normalize"`):
@@ -115,15 +154,48 @@ class GRPOConfig(TrainingArguments):
             Divide centred rewards by the group's standard deviation (`"group"`), by the whole batch's (`"batch"`)
             or not at all (`"none"`, Dr. GRPO, arXiv 2503.20783). `True`/`False` mean `"group"`/`"none"`.
         loss_type (`str`, *optional*, defaults to `"dapo"`):
-            How per-token losses are averaged: `"grpo"` (per sequence, then over sequences), `"bnpo"` (over the
-            tokens of the micro-batch), `"dr_grpo"` (sum divided by batch size × `max_completion_length`) or
-            `"dapo"` (over the tokens of the whole generation batch, all processes).
+            The clipped surrogate averaged per sequence then over sequences (`"grpo"`), over the tokens of the
+            micro-batch (`"bnpo"`), as a sum divided by batch size × `max_completion_length` (`"dr_grpo"`,
+            arXiv 2503.20783) or over the tokens of the whole generation batch, all processes (`"dapo"`,
+            arXiv 2503.14476); `"luspo"`: the clipped surrogate summed per sequence, then averaged over sequences
+            (arXiv 2602.05261, meant for `importance_sampling_level="sequence"`); `"cispo"`: clipped, detached
+            importance weight × advantage × log-prob (arXiv 2506.13585), `"vespo"`: a smooth sequence weight ×
+            advantage × log-prob (arXiv 2602.10693), both averaged like `"dapo"`; `"sapo"`: a sigmoid gate instead
+            of the clip (arXiv 2511.20347), averaged like `"grpo"`.
         mask_truncated_completions (`bool`, *optional*, defaults to `False`):
             Exclude completions that hit `max_completion_length` without an EOS token from the loss.
         use_bias_correction_kl (`bool`, *optional*, defaults to `True`):
             Multiply each token's k3 KL by the importance ratio π_θ/π_θ_old before adding it to the loss. Its value
             is 1 on-policy, but its gradient makes the KL gradient the unbiased gradient of the reverse KL
-            (DeepSeek-V3.2, arXiv 2512.02556). `False` uses the plain k3 estimator, whose gradient is biased.
+            (DeepSeek-V3.2, arXiv 2512.02556). `False` uses the plain k3 estimator, whose gradient is biased. With
+            `importance_sampling_level="sequence"` the sequence's ratio multiplies each of its tokens' KL.
+
+        > Parameters that control entropy
+
+        top_entropy_quantile (`float`, *optional*, defaults to `1.0`):
+            ρ of "Beyond the 80/20 rule" (arXiv 2506.01939): only the top-ρ fraction of valid completion tokens by
+            entropy (over all processes' tokens of the micro-batch, at the sampling temperature) keep their policy
+            loss; the KL term keeps every token. `1.0` keeps all, `0.0` only the highest-entropy one(s); the paper
+            uses `0.2`. Padding and tokens masked by `mask_truncated_completions` never count.
+        entropy_coef (`float`, *optional*, defaults to `0.0`):
+            Entropy bonus: subtract `entropy_coef` × the mean entropy of the tokens the policy loss acts on (per
+            micro-batch), whatever the `loss_type`. `0.0` turns it off. With `use_adaptive_entropy`, the initial
+            coefficient.
+        use_adaptive_entropy (`bool`, *optional*, defaults to `False`):
+            Adaptive entropy control (Skywork-OR1, arXiv 2505.22312): after every optimizer step the coefficient
+            moves by `entropy_coef_delta`, up when that step's mean entropy (all processes, the tokens the bonus acts
+            on) is at most `entropy_target` and down otherwise, within [`entropy_coef_min`, `entropy_coef_max`]; the
+            bonus is applied only while the last measured entropy is at most `entropy_target`. Its state is saved in
+            checkpoints.
+        entropy_coef_min (`float`, *optional*, defaults to `0.0`):
+            Lowest adaptive coefficient.
+        entropy_coef_max (`float`, *optional*, defaults to `1.0`):
+            Highest adaptive coefficient.
+        entropy_coef_delta (`float`, *optional*, defaults to `0.005`):
+            Step of the adaptive coefficient per optimizer step.
+        entropy_target (`float`, *optional*, defaults to `0.2`):
+            Target mean per-token entropy (nats) of adaptive control. Language models typically sit at 2–10 nats, so
+            the default only reacts to a near-collapse; set it near the entropy seen early in training.
 
         > Parameters that control iterative GRPO (reference-model syncing)
 
@@ -205,6 +277,13 @@ class GRPOConfig(TrainingArguments):
         default=False, metadata={"help": "Allow models and tokenizers that ship their own code (all loads)."}
     )
     disable_dropout: bool = field(default=False, metadata={"help": "Set all dropout probabilities to zero."})
+    cast_lm_head_to_fp32: bool = field(
+        default=False, metadata={"help": "Keep the LM head in float32 and compute the logits in float32."}
+    )
+    router_aux_loss_coef: float | None = field(
+        default=None,
+        metadata={"help": "MoE load-balancing loss weight; None takes the model config's, 0.0 turns it off."},
+    )
 
     # Data and generation batches
     remove_unused_columns: bool | None = field(
@@ -248,10 +327,28 @@ class GRPOConfig(TrainingArguments):
 
     # Loss
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate."})
-    beta: float = field(default=0.04, metadata={"help": "KL coefficient; 0.0 loads no reference model."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0.0 loads no reference model."})
     num_iterations: int = field(default=1, metadata={"help": "Optimisation passes per generation batch (μ)."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower (and default upper) clipping range."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range; defaults to epsilon."})
+    delta: float | None = field(default=None, metadata={"help": "Cap of the unclipped ratio (two-sided clipping)."})
+    importance_sampling_level: str = field(
+        default="token",
+        metadata={
+            "help": "Importance ratio per 'token' or per 'sequence' (GSPO).",
+            "choices": IMPORTANCE_SAMPLING_LEVELS,
+        },
+    )
+    off_policy_mask_threshold: float | None = field(
+        default=None,
+        metadata={"help": "Drop negative-advantage completions whose sampling-policy drift exceeds this."},
+    )
+    sapo_temperature_pos: float = field(default=1.0, metadata={"help": "SAPO gate temperature for advantages > 0."})
+    sapo_temperature_neg: float = field(default=1.05, metadata={"help": "SAPO gate temperature for advantages <= 0."})
+    vespo_k_pos: float = field(default=2.0, metadata={"help": "VESPO shape k for advantages >= 0."})
+    vespo_lambda_pos: float = field(default=3.0, metadata={"help": "VESPO decay lambda for advantages >= 0."})
+    vespo_k_neg: float = field(default=3.0, metadata={"help": "VESPO shape k for advantages < 0."})
+    vespo_lambda_neg: float = field(default=2.0, metadata={"help": "VESPO decay lambda for advantages < 0."})
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward function."})
     multi_objective_aggregation: str = field(
         default="sum_then_normalize",
@@ -265,7 +362,7 @@ class GRPOConfig(TrainingArguments):
     )
     loss_type: str = field(
         default="dapo",
-        metadata={"help": "Loss normalisation: 'grpo', 'bnpo', 'dr_grpo' or 'dapo'.", "choices": LOSS_TYPES},
+        metadata={"help": f"Loss formulation: {', '.join(LOSS_TYPES)}.", "choices": LOSS_TYPES},
     )
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Exclude completions without an EOS token from the loss."}
@@ -274,6 +371,19 @@ class GRPOConfig(TrainingArguments):
         default=True,
         metadata={"help": "Multiply the per-token KL by the importance ratio (unbiased reverse-KL gradient)."},
     )
+
+    # Entropy
+    top_entropy_quantile: float = field(
+        default=1.0, metadata={"help": "Keep the policy loss of the top-rho fraction of tokens by entropy, in [0, 1]."}
+    )
+    entropy_coef: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus; 0.0 turns it off."})
+    use_adaptive_entropy: bool = field(
+        default=False, metadata={"help": "Adapt entropy_coef towards entropy_target every optimizer step."}
+    )
+    entropy_coef_min: float = field(default=0.0, metadata={"help": "Adaptive entropy control: lowest coefficient."})
+    entropy_coef_max: float = field(default=1.0, metadata={"help": "Adaptive entropy control: highest coefficient."})
+    entropy_coef_delta: float = field(default=0.005, metadata={"help": "Adaptive entropy control: step size."})
+    entropy_target: float = field(default=0.2, metadata={"help": "Adaptive entropy control: target entropy (nats)."})
 
     # Iterative GRPO
     sync_ref_model: bool = field(
@@ -361,9 +471,20 @@ class GRPOConfig(TrainingArguments):
     max_tool_calling_iterations: int | None = field(default=None, metadata={"help": "Not supported (tool calling)."})
     log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Not supported (Hub upload)."})
 
+    # TrainingArguments defaults that TRL overrides
+    logging_steps: float = field(default=10, metadata={"help": "Log every this many optimizer steps."})
+    gradient_checkpointing: bool = field(
+        default=True, metadata={"help": "Recompute activations in the backward pass to save memory."}
+    )
+    bf16: bool | None = field(
+        default=None, metadata={"help": "bf16 mixed precision; None means True unless fp16 is set."}
+    )
+
     def __post_init__(self):
         if isinstance(self.scale_rewards, bool):
             self.scale_rewards = "group" if self.scale_rewards else "none"
+        if self.bf16 is None:
+            self.bf16 = not self.fp16
         super().__post_init__()
         if isinstance(self.pad_to_multiple_of, str) and self.pad_to_multiple_of != "auto":  # from the command line
             value = self.pad_to_multiple_of.lower()
@@ -388,6 +509,21 @@ class GRPOConfig(TrainingArguments):
             errors.append(f"temperature must be > 0 (got {self.temperature}).")
         if self.loss_type not in LOSS_TYPES:
             errors.append(f"loss_type must be one of {', '.join(LOSS_TYPES)} (got {self.loss_type!r}).")
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            errors.append(
+                f"importance_sampling_level must be 'token' or 'sequence' (got {self.importance_sampling_level!r})."
+            )
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            errors.append(f"top_entropy_quantile must be in [0, 1] (got {self.top_entropy_quantile}).")
+        if self.sapo_temperature_pos <= 0 or self.sapo_temperature_neg <= 0:
+            errors.append(
+                f"sapo_temperature_pos and sapo_temperature_neg must be > 0 (got {self.sapo_temperature_pos}, "
+                f"{self.sapo_temperature_neg})."
+            )
+        if self.entropy_coef_min > self.entropy_coef_max:
+            errors.append(
+                f"entropy_coef_min ({self.entropy_coef_min}) must not exceed entropy_coef_max ({self.entropy_coef_max})."
+            )
         if self.scale_rewards not in SCALE_REWARDS:
             errors.append(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)} (got {self.scale_rewards!r}).")
         if not 0.0 < self.ref_model_mixup_alpha <= 1.0:
@@ -472,6 +608,23 @@ class GRPOConfig(TrainingArguments):
             )
         if errors:
             raise ValueError("Invalid GRPOConfig:\n- " + "\n- ".join(errors))
+        self._warn_about_loss_combinations()
+
+    def _warn_about_loss_combinations(self) -> None:
+        """The combinations TRL accepts but warns about: each departs from the setup of its paper."""
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            logger.warning(
+                "loss_type='luspo' is defined with importance_sampling_level='sequence' (its paper's setup)."
+            )
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            logger.warning(
+                "loss_type='vespo' builds its own sequence-level weights: keep importance_sampling_level='token'."
+            )
+        if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+            logger.warning(
+                f"With importance_sampling_level='sequence', loss_type={self.loss_type!r} sums per-token terms, so "
+                "each sequence weighs as much as its length; GSPO's per-sequence objective is loss_type='grpo'."
+            )
 
 
 def unsupported_feature_errors(args: GRPOConfig) -> list[str]:

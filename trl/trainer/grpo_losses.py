@@ -6,6 +6,10 @@ DeepSeekMath (arXiv 2402.03300, eq. 3–4 and Algorithm 1): N = B·G completions
 L = completion length in tokens.
 """
 
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
 
@@ -127,24 +131,37 @@ def pad_to_multiple(tensor: torch.Tensor, multiple: int | None, value: int, side
     return torch.nn.functional.pad(tensor, (extra, 0) if side == "left" else (0, extra), value=value)
 
 
-def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, max_chunk_bytes: int = 2**28) -> torch.Tensor:
+def selective_log_softmax(
+    logits: torch.Tensor,
+    index: torch.Tensor,
+    max_chunk_bytes: int = 2**28,
+    return_entropy: bool = False,
+    entropy_grad: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log softmax(logits)[index] per position, computed in float32, in row chunks of at most `max_chunk_bytes` of
     float32 logits (one batched kernel for small batches, bounded memory for large vocabularies).
 
     Args:
-        logits: `(N, L, V)` float tensor (any float dtype).
+        logits: `(N, L, V)` float tensor (any float dtype), already divided by the sampling temperature.
         index: `(N, L)` int tensor of token ids.
         max_chunk_bytes: memory budget of one chunk's float32 log-probs.
+        return_entropy: also return the entropy −Σ_v p_v log p_v of each position's distribution (in nats).
+        entropy_grad: whether the entropies carry a gradient (`False` saves an `(N, L, V)` float32 buffer).
 
     Returns:
-        `(N, L)` float32 tensor of log-probabilities.
+        `(N, L)` float32 log-probabilities, and with `return_entropy` a second `(N, L)` float32 tensor of entropies.
     """
     row_bytes = max(1, logits[0].numel() * 4)
     rows_per_chunk = max(1, max_chunk_bytes // row_bytes)
-    out = []
+    out, entropies = [], []
     for start in range(0, logits.size(0), rows_per_chunk):
         logp = torch.log_softmax(logits[start : start + rows_per_chunk].float(), dim=-1)
         out.append(logp.gather(-1, index[start : start + rows_per_chunk].unsqueeze(-1)).squeeze(-1))
+        if return_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropies.append(-(logp.exp() * logp).sum(-1))
+    if return_entropy:
+        return torch.cat(out, dim=0), torch.cat(entropies, dim=0)
     return torch.cat(out, dim=0)
 
 
@@ -168,54 +185,327 @@ def kl_k3(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> t
     return (torch.expm1(x_clamped) - x + torch.exp(x_clamped) * (x - x_clamped)).clamp(min=0.0)
 
 
-def importance_weighted_kl(
-    per_token_kl: torch.Tensor, per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor
-) -> torch.Tensor:
+def importance_weighted_kl(per_token_kl: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
     """k3 KL multiplied by the importance ratio ρ = π_θ/π_θ_old, for an unbiased reverse-KL gradient.
 
     Tokens are sampled from π_θ_old, so the k3 estimate of KL(π_θ ‖ π_ref) has to be re-weighted by ρ. On-policy ρ
     equals 1 in value, but ∇(ρ·k3) = ρ·(∇k3 + k3·∇log π_θ), whose expectation under π_θ_old is the exact gradient of
-    KL(π_θ ‖ π_ref); the plain ∇k3 is not (DeepSeek-V3.2, arXiv 2512.02556, eq. 7).
+    KL(π_θ ‖ π_ref); the plain ∇k3 is not (DeepSeek-V3.2, arXiv 2512.02556, eq. 7). With sequence-level importance
+    sampling the sequence's weight multiplies each of its tokens (then the gradient is no longer exactly unbiased).
 
     Args:
         per_token_kl: `(N, L)` float32 k3 values from `kl_k3` (differentiable).
-        per_token_logps: `(N, L)` policy log-probs (differentiable).
-        old_per_token_logps: `(N, L)` log-probs of the sampling policy.
+        ratio: `(N, L)` or `(N, 1)` differentiable importance weights from `importance_ratio`.
 
     Returns:
         `(N, L)` float32 tensor.
     """
-    return per_token_kl * torch.exp(per_token_logps.float() - old_per_token_logps.float())
+    return per_token_kl * ratio.float()
 
 
-def clipped_surrogate(
-    per_token_logps: torch.Tensor,
-    old_per_token_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PPO-style clipped surrogate per token, negated to be minimised (arXiv 2402.03300, eq. 3).
+def importance_ratio(
+    per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
+    """Importance weight ρ of the data under π_θ, per token or per sequence.
 
-    loss = −min(ρ·Â, clip(ρ, 1 − ε_low, 1 + ε_high)·Â), ρ = exp(log π_θ − log π_θ_old).
+    - `"token"`: ρ_t = exp(log π_θ(y_t) − log π_θ_old(y_t)) (PPO, GRPO).
+    - `"sequence"`: one length-normalised weight per completion, ρ = exp(mean_t over valid tokens of the log-ratio)
+      = (π_θ(y)/π_θ_old(y))^(1/|y|) (GSPO, arXiv 2507.18071, eq. 7).
 
     Args:
         per_token_logps: `(N, L)` policy log-probs (differentiable).
         old_per_token_logps: `(N, L)` log-probs of the policy that sampled the data.
-        advantages: `(N,)` advantages.
-        epsilon_low, epsilon_high: clipping ranges.
+        mask: `(N, L)` 1 for valid completion tokens.
+        level: `"token"` or `"sequence"`.
 
     Returns:
-        `(per_token_loss, is_low_clipped, is_high_clipped)`, all `(N, L)`; the last two are bool masks of the
-        tokens whose ratio was clipped below (Â < 0) or above (Â > 0).
+        `(N, L)` (token) or `(N, 1)` (sequence) float tensor.
+
+    Raises:
+        ValueError: for an unknown `level`.
     """
-    ratio = torch.exp(per_token_logps - old_per_token_logps)
-    clipped_ratio = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
+    log_ratio = per_token_logps - old_per_token_logps
+    if level == "token":
+        return torch.exp(log_ratio)
+    if level == "sequence":
+        mask = mask.to(log_ratio.dtype)
+        return torch.exp((log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0))
+    raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {level!r}.")
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO-style clipped surrogate, negated to be minimised (arXiv 2402.03300, eq. 3).
+
+    loss = −min(min(ρ, δ)·Â, clip(ρ, 1 − ε_low, 1 + ε_high)·Â). The cap δ on the unclipped branch is the two-sided
+    clipping of INTELLECT-2 (arXiv 2505.07291): it bounds the loss of negative-advantage tokens whose ratio has
+    grown far above 1 (use δ > 1 + ε_high); `delta=None` is the plain GRPO surrogate.
+
+    Args:
+        ratio: `(N, L)` or `(N, 1)` importance weights from `importance_ratio` (differentiable).
+        advantages: `(N,)` advantages.
+        epsilon_low, epsilon_high: clipping ranges.
+        delta: optional upper cap of the unclipped ratio.
+
+    Returns:
+        `(per_token_loss, is_low_clipped, is_high_clipped)`, all of `ratio`'s shape; the last two are bool masks of
+        the weights clipped below (Â < 0) or above (Â > 0), judged on the uncapped ratio.
+    """
     adv = advantages.unsqueeze(1)
-    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)
+    clipped_ratio = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
+    capped_ratio = ratio if delta is None else ratio.clamp(max=delta)
+    per_token_loss = -torch.min(capped_ratio * adv, clipped_ratio * adv)
     is_low_clipped = (ratio < 1.0 - epsilon_low) & (adv < 0)
     is_high_clipped = (ratio > 1.0 + epsilon_high) & (adv > 0)
     return per_token_loss, is_low_clipped, is_high_clipped
+
+
+def cispo_loss(
+    ratio: torch.Tensor, advantages: torch.Tensor, per_token_logps: torch.Tensor, epsilon_high: float
+) -> torch.Tensor:
+    """CISPO per-token loss (MiniMax-M1, arXiv 2506.13585, eq. 4): −sg(min(ρ, ε_max))·Â·log π_θ.
+
+    The importance weight is clipped (from above only) and detached, so every token keeps a gradient
+    −min(ρ, ε_max)·Â·∇log π_θ; only its size is bounded. `epsilon_high` plays ε_max (the paper uses 5).
+
+    Args:
+        ratio: `(N, L)` or `(N, 1)` importance weights.
+        advantages: `(N,)`.
+        per_token_logps: `(N, L)` policy log-probs (differentiable).
+        epsilon_high: ε_max.
+
+    Returns:
+        `(N, L)` float tensor.
+    """
+    return -ratio.clamp(max=epsilon_high).detach() * advantages.unsqueeze(1) * per_token_logps
+
+
+def sapo_loss(
+    ratio: torch.Tensor, advantages: torch.Tensor, temperature_pos: float, temperature_neg: float
+) -> torch.Tensor:
+    """SAPO per-token loss (Soft Adaptive Policy Optimization, arXiv 2511.20347): −(4/τ)·σ(τ·(ρ − 1))·Â.
+
+    A smooth gate replaces the hard clip: its gradient (4·σ(1 − σ))·Â·∇ρ equals ∇(ρ·Â) at ρ = 1 and fades as ρ
+    leaves 1, faster for larger τ. τ is `temperature_pos` where Â > 0 and `temperature_neg` elsewhere.
+
+    Args:
+        ratio: `(N, L)` or `(N, 1)` importance weights (differentiable).
+        advantages: `(N,)`.
+        temperature_pos, temperature_neg: τ for positive and for non-positive advantages (> 0).
+
+    Returns:
+        Float tensor of `ratio`'s shape.
+    """
+    adv = advantages.unsqueeze(1)
+    tau = torch.where(adv > 0, temperature_pos, temperature_neg).to(ratio.dtype)
+    return -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv
+
+
+VESPO_LOG_WEIGHT_MIN = math.log(1e-8)  # sequence weights below 1e-8 count as 1e-8
+VESPO_LOG_WEIGHT_MAX = 20.0
+
+
+@torch.no_grad()
+def vespo_weights(
+    advantages: torch.Tensor,
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    k_pos: float,
+    lambda_pos: float,
+    k_neg: float,
+    lambda_neg: float,
+) -> torch.Tensor:
+    """VESPO sequence weights φ(w) = e^λ · w^k · e^(−λ·w) (arXiv 2602.10693), with φ(1) = 1; no gradient.
+
+    w = π_θ(y)/π_θ_old(y) is the whole sequence's (un-normalised) ratio: the sum of the per-token log-ratios, each
+    clamped to ±20, over valid tokens, then clamped to [log 1e-8, 20]. φ is computed in log space; (k, λ) are
+    (`k_pos`, `lambda_pos`) where Â ≥ 0, else (`k_neg`, `lambda_neg`); λ is floored at 1e-4. Overflows count as 0.
+
+    Args:
+        advantages: `(N,)`.
+        per_token_logps, old_per_token_logps: `(N, L)`.
+        mask: `(N, L)` 1 for valid completion tokens.
+        k_pos, lambda_pos, k_neg, lambda_neg: the Gamma-shape parameters.
+
+    Returns:
+        `(N, 1)` float tensor.
+    """
+    log_ratio = (per_token_logps - old_per_token_logps).clamp(-20.0, 20.0)
+    log_w = (log_ratio * mask.to(log_ratio.dtype)).sum(-1, keepdim=True)
+    log_w = log_w.clamp(VESPO_LOG_WEIGHT_MIN, VESPO_LOG_WEIGHT_MAX)
+    nonneg = advantages.unsqueeze(1) >= 0
+    k = torch.where(nonneg, k_pos, k_neg).to(log_w.dtype)
+    lam = torch.where(nonneg, lambda_pos, lambda_neg).to(log_w.dtype).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def off_policy_sequence_mask(
+    advantages: torch.Tensor,
+    per_token_logps: torch.Tensor,
+    sampling_per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """Off-policy sequence masking of DeepSeek-V3.2 (arXiv 2512.02556, eq. 9): drop a completion from the policy loss
+    when its advantage is negative *and* the sampling policy has drifted from π_θ by more than `threshold`, measured
+    as the mean over valid tokens of log π_sampling − log π_θ (a KL(π_sampling ‖ π_θ) estimate; no gradient).
+
+    Args:
+        advantages: `(N,)`.
+        per_token_logps: `(N, L)` policy log-probs.
+        sampling_per_token_logps: `(N, L)` log-probs of the policy that sampled the data.
+        mask: `(N, L)` 1 for valid completion tokens.
+        threshold: δ of eq. 9 (e.g. 0.5).
+
+    Returns:
+        `(N, 1)` float tensor of 1 (keep) and 0 (drop).
+    """
+    mask = mask.to(per_token_logps.dtype)
+    drift = torch.nan_to_num(sampling_per_token_logps - per_token_logps.detach(), nan=0.0)
+    mean_drift = (drift * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    keep = (advantages.unsqueeze(1) >= 0) | (mean_drift <= threshold)
+    return keep.to(per_token_logps.dtype)
+
+
+def high_entropy_mask(
+    entropies: torch.Tensor,
+    mask: torch.Tensor,
+    top_quantile: float,
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Keep only the top-`top_quantile` fraction of valid tokens by entropy ("Beyond the 80/20 rule",
+    arXiv 2506.01939): a token is kept when its entropy is at least the (1 − `top_quantile`) quantile (linear
+    interpolation, `torch.quantile`) of the entropies of all valid tokens. Padding never counts, nor is kept.
+
+    Args:
+        entropies: `(N, L)` float per-token entropies.
+        mask: `(N, L)` 1 for valid completion tokens.
+        top_quantile: ρ in [0, 1]; 1 keeps every valid token, 0 only the highest-entropy one(s).
+        gather: optional function mapping this process's 1-D tensor of valid entropies to the concatenation over
+            all processes (so every process uses the same threshold); identity when `None`.
+
+    Returns:
+        `(N, L)` bool tensor.
+    """
+    valid = mask.bool()
+    values = entropies[valid].float()
+    if gather is not None:
+        values = gather(values)
+    if values.numel() == 0:
+        return torch.zeros_like(valid)
+    threshold = torch.quantile(values, 1.0 - top_quantile)
+    return (entropies >= threshold) & valid
+
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the clipped surrogate, and clip_ratio metrics
+# GRPOConfig fields that `per_token_policy_loss` takes as keyword arguments, under the same names.
+POLICY_LOSS_FIELDS = (
+    "loss_type",
+    "importance_sampling_level",
+    "epsilon",
+    "epsilon_high",
+    "delta",
+    "sapo_temperature_pos",
+    "sapo_temperature_neg",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+    "off_policy_mask_threshold",
+)
+
+
+class PolicyLoss(NamedTuple):
+    """What `per_token_policy_loss` returns.
+
+    - `per_token_loss`: `(N, L)` float policy loss of every token (masks applied, no KL, not yet normalised).
+    - `ratio`: `(N, L)` or `(N, 1)` differentiable importance weight ρ (what the KL correction multiplies by).
+    - `metrics`: name → float tensor (`(N, L)` or `(N, 1)`) to be averaged over valid tokens and logged.
+    """
+
+    per_token_loss: torch.Tensor
+    ratio: torch.Tensor
+    metrics: dict[str, torch.Tensor]
+
+
+def per_token_policy_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    token_mask: torch.Tensor | None = None,
+    *,
+    loss_type: str = "dapo",
+    importance_sampling_level: str = "token",
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    delta: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    off_policy_mask_threshold: float | None = None,
+) -> PolicyLoss:
+    """The policy term of the GRPO loss for every `loss_type`, before normalisation (see `aggregate_loss`).
+
+    ρ comes from `importance_ratio` at `importance_sampling_level`; then, by `loss_type`:
+    `"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`, `"luspo"` use `clipped_surrogate` (with `delta`); `"cispo"` uses
+    `cispo_loss` (ε_max = `epsilon_high`); `"sapo"` uses `sapo_loss`; `"vespo"` uses −φ(w)·Â·log π_θ with the
+    sequence weights of `vespo_weights`. With `off_policy_mask_threshold`, `off_policy_sequence_mask` (measured
+    against `old_per_token_logps`) zeroes the dropped completions; `token_mask` (e.g. `high_entropy_mask`) zeroes
+    tokens. The keyword arguments are the `GRPOConfig` fields of the same names (`POLICY_LOSS_FIELDS`).
+
+    Args:
+        per_token_logps: `(N, L)` float32 policy log-probs (differentiable).
+        old_per_token_logps: `(N, L)` float32 log-probs of the sampling policy (`per_token_logps.detach()`
+            on-policy).
+        advantages: `(N,)` float advantages.
+        mask: `(N, L)` 1 for valid completion tokens.
+        token_mask: optional `(N, L)` bool or 0/1 mask of the tokens that keep their policy loss.
+
+    Returns:
+        A `PolicyLoss`.
+
+    Raises:
+        ValueError: for an unknown `loss_type` or `importance_sampling_level`.
+    """
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    ratio = importance_ratio(per_token_logps, old_per_token_logps, mask, importance_sampling_level)
+    adv = advantages.unsqueeze(1)
+    metrics = {}
+    if loss_type in CLIPPED_LOSS_TYPES:
+        per_token_loss, low, high = clipped_surrogate(ratio, advantages, epsilon, epsilon_high, delta)
+        metrics["clip_ratio/low_mean"] = low.float()
+        metrics["clip_ratio/high_mean"] = high.float()
+        metrics["clip_ratio/region_mean"] = (low | high).float()
+    elif loss_type == "cispo":
+        per_token_loss = cispo_loss(ratio, advantages, per_token_logps, epsilon_high)
+        metrics["cispo_clip_ratio"] = ((ratio > epsilon_high) & (adv > 0)).float()
+    elif loss_type == "sapo":
+        per_token_loss = sapo_loss(ratio, advantages, sapo_temperature_pos, sapo_temperature_neg)
+    elif loss_type == "vespo":
+        gamma = (vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg)
+        phi = vespo_weights(advantages, per_token_logps, old_per_token_logps, mask, *gamma)
+        per_token_loss = -phi * adv * per_token_logps
+        metrics["vespo/phi_seq_mean"] = phi
+    else:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}.")
+    if off_policy_mask_threshold is not None:
+        per_token_loss = per_token_loss * off_policy_sequence_mask(
+            advantages, per_token_logps, old_per_token_logps, mask, off_policy_mask_threshold
+        )
+    if token_mask is not None:
+        per_token_loss = per_token_loss * token_mask.to(per_token_loss.dtype)
+    return PolicyLoss(per_token_loss.expand(mask.shape), ratio, metrics)
 
 
 def aggregate_loss(
@@ -227,24 +517,26 @@ def aggregate_loss(
 ) -> torch.Tensor:
     """Reduce `(N, L)` per-token losses of one micro-batch to a scalar, as `loss_type` says.
 
-    - `"grpo"`: mean over each sequence's tokens, then mean over sequences (arXiv 2402.03300, eq. 3).
+    - `"grpo"` and `"sapo"`: mean over each sequence's tokens, then mean over sequences (arXiv 2402.03300, eq. 3).
     - `"bnpo"`: mean over all tokens of the micro-batch.
     - `"dr_grpo"`: sum / (N · `max_completion_length`) (Dr. GRPO, arXiv 2503.20783).
-    - `"dapo"`: sum / `num_items_in_batch` (DAPO token-level loss, arXiv 2503.14476), where the trainer passes the
-      active-token count of the whole generation batch over all processes divided by (processes × micro-batches),
-      so that after the trainer's division by the accumulation steps and DDP's average the gradient is the
-      token-mean over the generation batch (exactly when `steps_per_generation == gradient_accumulation_steps`,
-      the default; otherwise scaled by their ratio).
+    - `"dapo"`, `"cispo"` and `"vespo"`: sum / `num_items_in_batch` (DAPO token-level loss, arXiv 2503.14476), where
+      the trainer passes the active-token count of the whole generation batch over all processes divided by
+      (processes × micro-batches), so that after the trainer's division by the accumulation steps and DDP's average
+      the gradient is the token-mean over the generation batch (exactly when `steps_per_generation ==
+      gradient_accumulation_steps`, the default; otherwise scaled by their ratio).
+    - `"luspo"`: each sequence's token *sum*, then mean over sequences (LUSPO, arXiv 2602.05261: a sequence's loss
+      scaled by its length).
 
     Under gradient accumulation the trainer divides each micro-batch's value by the number of accumulation steps,
-    which makes `"grpo"`, `"dr_grpo"` and `"dapo"` equal to the loss of the whole batch at once.
+    which makes every type but `"bnpo"` equal to the loss of the whole batch at once.
 
     Raises:
         ValueError: for an unknown `loss_type` or a missing normaliser.
     """
     mask = mask.to(per_token_loss.dtype)
     masked = per_token_loss * mask
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     if loss_type == "bnpo":
         return masked.sum() / mask.sum().clamp(min=1.0)
@@ -252,14 +544,24 @@ def aggregate_loss(
         if max_completion_length is None:
             raise ValueError("loss_type='dr_grpo' needs max_completion_length.")
         return masked.sum() / (per_token_loss.size(0) * max_completion_length)
-    if loss_type == "dapo":
+    if loss_type in ("dapo", "cispo", "vespo"):
         if num_items_in_batch is None:
-            raise ValueError("loss_type='dapo' needs num_items_in_batch.")
+            raise ValueError(f"loss_type={loss_type!r} needs num_items_in_batch.")
         return masked.sum() / torch.as_tensor(num_items_in_batch, dtype=masked.dtype).clamp(min=1.0)
-    raise ValueError(f"loss_type must be 'grpo', 'bnpo', 'dr_grpo' or 'dapo', got {loss_type!r}.")
+    if loss_type == "luspo":
+        return masked.sum(-1).mean()
+    raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}.")
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of `values` over the positions where `mask` is 1 (0 when the mask is empty). Shapes must match."""
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def metric_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of a logged quantity: over valid tokens for a per-token `(N, L)` tensor, over sequences for a
+    per-sequence `(N, 1)` one (sequence-level importance sampling, VESPO weights), as TRL averages them."""
+    if values.size(1) == 1 and mask.size(1) != 1:
+        return values.float().mean()
+    return masked_mean(values, mask)

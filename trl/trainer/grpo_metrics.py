@@ -7,6 +7,7 @@ all tokens of all processes, not averaged per process. Rewards use NaN for compl
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -94,27 +95,44 @@ def token_mean(sums: torch.Tensor) -> torch.Tensor:
     return totals[:-1] / totals[-1].clamp(min=1.0)
 
 
-def clip_ratio_metrics(sums: torch.Tensor) -> dict[str, float]:
-    """`clip_ratio/*` from gathered `sequence_sums(mask, is_low_clipped, is_high_clipped, is_low | is_high)`.
+def loss_metrics(
+    values: dict[str, torch.Tensor], mask: torch.Tensor, gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+) -> dict[str, float]:
+    """Loss-side metrics (`kl`, `entropy`, `clip_ratio/*`, ...) as TRL 1.16 logs them, over all processes.
 
-    `low_mean`, `high_mean`, `region_mean`: share of all tokens (all processes) whose probability ratio was clipped
-    below, above, or either. `low_min` / `high_max`: the smallest / largest per-sequence share, over sequences with
-    at least one token (NaN when there are none).
+    A per-token value `(N, L)` is averaged over every valid token of every process (10 tokens at 0.1 on one process
+    and 90 at 0.01 on another give 0.019, not the mean of the two process means); a per-sequence value `(N, 1)`
+    (sequence-level importance sampling, VESPO's weight) over every sequence. When `clip_ratio/low_mean` and
+    `clip_ratio/high_mean` are given, `clip_ratio/low_min` and `clip_ratio/high_max` are added: the smallest and the
+    largest per-sequence share, over the sequences with at least one token (NaN when there are none).
 
     Args:
-        sums: `(M, 4)` float tensor.
+        values: name → `(N, L)` or `(N, 1)` tensor (bool or float; detached here).
+        mask: `(N, L)` 0/1 tensor of the valid completion tokens.
+        gather: concatenates a tensor's rows over processes (`accelerate.utils.gather`); one call for all metrics.
+
+    Returns:
+        name → float.
     """
-    low, high, region = token_mean(sums).tolist()
-    count = sums[:, -1]
-    per_sequence = sums[count > 0, :2] / count[count > 0].unsqueeze(1)
-    empty = per_sequence.size(0) == 0
-    return {
-        "clip_ratio/low_mean": low,
-        "clip_ratio/high_mean": high,
-        "clip_ratio/region_mean": region,
-        "clip_ratio/low_min": float("nan") if empty else per_sequence[:, 0].min().item(),
-        "clip_ratio/high_max": float("nan") if empty else per_sequence[:, 1].max().item(),
-    }
+    columns = []
+    for value in values.values():
+        if value.size(1) == 1 and mask.size(1) != 1:  # one value per sequence, counted once
+            value = value.detach().float().squeeze(1)
+            columns.append(torch.stack([value, torch.ones_like(value)], dim=1))
+        else:
+            columns.append(sequence_sums(mask, value))
+    sums = gather(torch.cat(columns, dim=1))  # (M, 2K): sum and count per metric
+    out = {name: token_mean(sums[:, 2 * k : 2 * k + 2]).item() for k, name in enumerate(values)}
+    names = list(values)
+    for source, target, pick in (
+        ("clip_ratio/low_mean", "clip_ratio/low_min", torch.min),
+        ("clip_ratio/high_mean", "clip_ratio/high_max", torch.max),
+    ):
+        if source in values:
+            k = names.index(source)
+            total, count = sums[:, 2 * k], sums[:, 2 * k + 1]
+            out[target] = pick(total[count > 0] / count[count > 0]).item() if (count > 0).any() else float("nan")
+    return out
 
 
 def completion_length_metrics(lengths: torch.Tensor, terminated: torch.Tensor) -> dict[str, float]:

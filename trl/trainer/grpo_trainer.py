@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sized
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from ..models.utils import (
     use_adapter,
 )
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
+from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import (  # noqa: F401 (file names re-exported for tests and users)
     GENERATION_BUFFER_FILE,
     REF_ADAPTER_FILE,
@@ -61,21 +63,21 @@ from .grpo_inputs import (
     tokenize_prompts,
 )
 from .grpo_losses import (
+    POLICY_LOSS_FIELDS,
     aggregate_loss,
-    clipped_surrogate,
     completion_mask,
+    high_entropy_mask,
     importance_weighted_kl,
     kl_k3,
+    masked_mean,
     pad_to_multiple,
-    selective_log_softmax,
+    per_token_policy_loss,
 )
 from .grpo_metrics import (
-    clip_ratio_metrics,
     completion_length_metrics,
     frac_reward_zero_std,
+    loss_metrics,
     reward_std,
-    sequence_sums,
-    token_mean,
     window_mean,
 )
 from .grpo_rewards import (
@@ -88,6 +90,12 @@ from .grpo_rewards import (
     is_async_reward_func,
     load_reward_funcs,
     reward_metrics,
+)
+from .grpo_scoring import (
+    cast_lm_head_to_fp32,
+    gather_valid_entropies,
+    router_aux_loss_settings,
+    score_completions,
 )
 from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter
 from .reward_model_refresh import RewardModelRefresh
@@ -276,10 +284,13 @@ class GRPOTrainer(Trainer):
             add_reference_adapter(model, REFERENCE_ADAPTER)
             self.ref_adapter = REFERENCE_ADAPTER
         self._reference_file = REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE
-        if args.disable_dropout:
-            for m in (model, self.ref_model):
-                if m is not None:
-                    disable_dropout_in_model(m)
+        for m in (model, self.ref_model):
+            if m is not None and args.disable_dropout:
+                disable_dropout_in_model(m)
+            if m is not None and args.cast_lm_head_to_fp32:
+                cast_lm_head_to_fp32(m)
+        self.router_aux_loss_coef, self.aux_loss_enabled = router_aux_loss_settings(model, args.router_aux_loss_coef)
+        self.entropy_control = EntropyCoefficient.from_config(args)
 
         self.num_generations = args.num_generations
         self.num_generations_eval = args.num_generations_eval or args.num_generations
@@ -287,8 +298,7 @@ class GRPOTrainer(Trainer):
         self.max_prompt_length = args.max_prompt_length
         self.max_completion_length = args.max_completion_length
         self.loss_type = args.loss_type
-        self.epsilon_low = args.epsilon
-        self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        self.policy_loss_kwargs = {name: getattr(args, name) for name in POLICY_LOSS_FIELDS}
         # A completion ends at the tokenizer's EOS or at any EOS of the model's generation config (end-of-turn...).
         model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos_token_ids = stop_token_ids(processing_class.eos_token_id, model_eos)
@@ -357,6 +367,7 @@ class GRPOTrainer(Trainer):
         self.reward_model_refresh = RewardModelRefresh.for_trainer(self, reward_model_label_func)  # None: frozen
         if self.reward_model_refresh is not None:  # registered before the sync: update, then reset the reference
             RewardModelRefreshCallback(self.reward_model_refresh).register(self.callback_handler)
+        self.add_callback(self.entropy_control)
 
     # ---- data ----
 
@@ -441,9 +452,8 @@ class GRPOTrainer(Trainer):
         logits_to_keep: int,
         batch_size: int | None = None,
     ) -> torch.Tensor:
-        """Log-probs of the last `logits_to_keep` tokens of `input_ids` under `model`, at `temperature`.
-
-        Position ids come from the attention mask, so left padding does not change the result.
+        """Log-probs of the last `logits_to_keep` tokens of `input_ids` under `model`, at `temperature` (see
+        `grpo_scoring.score_completions`).
 
         Args:
             input_ids, attention_mask: `(N, P + L)` prompt + completion.
@@ -453,22 +463,7 @@ class GRPOTrainer(Trainer):
         Returns:
             `(N, L)` float32 tensor.
         """
-        batch_size = batch_size or input_ids.size(0)
-        out = []
-        for start in range(0, input_ids.size(0), batch_size):
-            ids = input_ids[start : start + batch_size]
-            mask = attention_mask[start : start + batch_size]
-            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=position_ids,
-                logits_to_keep=logits_to_keep + 1,
-                use_cache=False,
-            ).logits
-            logits = logits[:, :-1, :] / self.temperature
-            out.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
-        return torch.cat(out, dim=0)
+        return score_completions(model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size)[0]
 
     def _ref_per_token_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
         if self.ref_model is not None:
@@ -631,7 +626,7 @@ class GRPOTrainer(Trainer):
     # ---- loss ----
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """GRPO loss of one micro-batch: clipped surrogate + beta × k3 KL, reduced as `loss_type` says.
+        """GRPO loss of one micro-batch: `loss_type`'s policy term + beta × k3 KL, normalised as `loss_type` says.
 
         Raises:
             ValueError: if `return_outputs` is requested (GRPO has no model outputs to return).
@@ -642,24 +637,43 @@ class GRPOTrainer(Trainer):
         completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
-        per_token_logps = self._get_per_token_logps(model, input_ids, attention_mask, completion_ids.size(1))
+        bonus = self.entropy_control.enabled  # the entropies need a gradient only for the entropy bonus
+        per_token_logps, entropies, aux_loss = score_completions(
+            model, input_ids, attention_mask, mask.size(1), self.temperature, None, True, self.aux_loss_enabled, bonus
+        )
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
-        per_token_loss, low, high = clipped_surrogate(
-            per_token_logps, old_per_token_logps, inputs["advantages"], self.epsilon_low, self.epsilon_high
+        args, metrics = self.args, self._metrics[mode]
+        entropy_mask = None  # the top-ρ entropy quantile over all processes' valid tokens
+        if args.top_entropy_quantile < 1.0:
+            gather_all = partial(gather_valid_entropies, self.accelerator)
+            entropy_mask = high_entropy_mask(entropies.detach(), mask, args.top_entropy_quantile, gather_all)
+        policy = per_token_policy_loss(
+            per_token_logps, old_per_token_logps, inputs["advantages"], mask, entropy_mask, **self.policy_loss_kwargs
         )
-        metrics = self._metrics[mode]
+        per_token_loss = policy.per_token_loss
         if self.beta != 0.0:
             per_token_kl = kl_k3(per_token_logps, inputs["ref_per_token_logps"])
-            if self.args.use_bias_correction_kl:
-                per_token_kl = importance_weighted_kl(per_token_kl, per_token_logps, old_per_token_logps)
+            if args.use_bias_correction_kl:
+                per_token_kl = importance_weighted_kl(per_token_kl, policy.ratio)
             per_token_loss = per_token_loss + self.beta * per_token_kl
-            metrics["kl"].append(token_mean(gather(sequence_sums(mask, per_token_kl)))[0].item())
         loss = aggregate_loss(
             per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"]
         )
-        for key, value in clip_ratio_metrics(gather(sequence_sums(mask, low, high, low | high))).items():
+        if self.entropy_control.enabled:  # entropy bonus: the mean entropy of the tokens the policy loss acts on
+            metrics["policy_loss"].append(gather(loss.detach()).nanmean().item())
+            bonus_mask, end_of_step = mask if entropy_mask is None else entropy_mask, self.accelerator.sync_gradients
+            loss = loss - self.entropy_control.applied() * masked_mean(entropies, bonus_mask)
+            if mode == "train":
+                self.entropy_control.observe(entropies, bonus_mask, end_of_step, self.accelerator.reduce)
+            if end_of_step:
+                metrics["entropy_coef"].append(self.entropy_control.coef)
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss
+            metrics["aux_loss"].append(gather(aux_loss.detach()).mean().item())
+        logged = {"kl": per_token_kl} if self.beta != 0.0 else {}
+        for key, value in loss_metrics({**logged, "entropy": entropies, **policy.metrics}, mask, gather).items():
             metrics[key].append(value)
         return loss
 

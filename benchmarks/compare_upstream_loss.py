@@ -1,0 +1,209 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Our GRPO loss against upstream TRL's on fixed tensors: value, gradient and logged metrics, for every loss type,
+both importance-sampling levels, the KL correction on and off, `delta`, off-policy masking, top-entropy masking and
+the entropy bonus.
+
+Each side runs its own trainer's loss method (`GRPOTrainer.compute_loss` here, `GRPOTrainer._compute_loss` in
+TRL 1.16) on a stub `self`, with the model forward replaced by fixed float64 log-probs and entropies, one process and
+no gradient accumulation. Upstream TRL must live in its own virtual environment (see compare_upstream_trl.py):
+
+    python benchmarks/compare_upstream_loss.py --upstream_python /opt/trl-upstream/bin/python
+
+The upstream half is this same file run with `--worker OUT.json` under the upstream interpreter from a temporary
+directory, so that it imports upstream's `trl`. Prints one row per case and the largest differences.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import types
+from collections import defaultdict
+
+import torch
+
+
+BASE = dict(
+    loss_type="dapo",
+    importance_sampling_level="token",
+    epsilon=0.2,
+    epsilon_high=None,
+    delta=None,
+    sapo_temperature_pos=1.0,
+    sapo_temperature_neg=1.05,
+    vespo_k_pos=2.0,
+    vespo_lambda_pos=3.0,
+    vespo_k_neg=3.0,
+    vespo_lambda_neg=2.0,
+    off_policy_mask_threshold=None,
+    beta=0.0,
+    use_bias_correction_kl=True,
+    top_entropy_quantile=1.0,
+    entropy_coef=0.0,
+    use_adaptive_entropy=False,
+    entropy_coef_min=0.0,
+    entropy_coef_max=1.0,
+    entropy_coef_delta=0.005,
+    entropy_target=0.2,
+    max_completion_length=5,
+)
+CASES = {}
+for _loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"):
+    CASES[_loss_type] = dict(loss_type=_loss_type, epsilon_high=5.0 if _loss_type == "cispo" else 0.28)
+    CASES[f"{_loss_type}+kl"] = dict(
+        loss_type=_loss_type, beta=0.04, epsilon_high=5.0 if _loss_type == "cispo" else None
+    )
+    CASES[f"{_loss_type}+sequence+kl"] = dict(loss_type=_loss_type, beta=0.1, importance_sampling_level="sequence")
+CASES.update(
+    {
+        "grpo+kl, no correction": dict(loss_type="grpo", beta=0.04, use_bias_correction_kl=False),
+        "dapo+delta": dict(delta=1.3),
+        "dapo+off-policy mask+kl": dict(off_policy_mask_threshold=0.05, beta=0.04),
+        "dapo+top entropy+kl": dict(top_entropy_quantile=0.3, beta=0.04),
+        "grpo+entropy bonus": dict(loss_type="grpo", entropy_coef=0.1, top_entropy_quantile=0.5),
+        "grpo+adaptive entropy": dict(
+            loss_type="grpo", use_adaptive_entropy=True, entropy_coef=0.1, entropy_target=5.0
+        ),
+        "sapo, other temperatures": dict(loss_type="sapo", sapo_temperature_pos=2.0, sapo_temperature_neg=0.5),
+        "vespo, other k/lambda": dict(
+            loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_pos=0.5, vespo_k_neg=4.0, vespo_lambda_neg=1.0
+        ),
+    }
+)
+
+
+def fixed_tensors() -> dict:
+    g = torch.Generator().manual_seed(0)
+    logps = torch.randn(6, 5, generator=g, dtype=torch.float64) * 0.5 - 1.5
+    return dict(
+        logps=logps,
+        old=logps + torch.randn(6, 5, generator=g, dtype=torch.float64) * 0.3,
+        ref=logps + torch.randn(6, 5, generator=g, dtype=torch.float64) * 0.4,
+        mask=torch.tensor([[1] * 5, [1] * 3 + [0] * 2, [1] + [0] * 4, [1] * 4 + [0], [1] * 2 + [0] * 3, [1] * 5]),
+        advantages=torch.tensor([1.0, -0.5, 0.0, 2.0, -1.5, 0.7], dtype=torch.float64),
+        entropies=torch.rand(6, 5, generator=g, dtype=torch.float64) * 3,
+    )
+
+
+class _SingleProcess:
+    num_processes = 1
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    gather_for_metrics = gather
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        return x
+
+
+def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
+    """One loss evaluation through `trainer_cls`'s loss method on a stub trainer; returns loss, gradients, metrics."""
+    t = fixed_tensors()
+    logps, entropies = t["logps"].clone().requires_grad_(True), t["entropies"].clone().requires_grad_(True)
+    stub = types.SimpleNamespace(
+        args=types.SimpleNamespace(**config, steps_per_generation=1),
+        accelerator=_SingleProcess(),
+        model=types.SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        beta=config["beta"],
+        loss_type=config["loss_type"],
+        max_completion_length=config["max_completion_length"],
+        aux_loss_enabled=False,
+        temperature=1.0,
+    )
+    inputs = {
+        "prompt_ids": torch.zeros(6, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(6, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(6, 5, dtype=torch.long),
+        "completion_mask": t["mask"],
+        "advantages": t["advantages"],
+        "old_per_token_logps": t["old"],
+        "num_items_in_batch": t["mask"].sum().double(),
+    }
+    if config["beta"] != 0.0:
+        inputs["ref_per_token_logps"] = t["ref"]
+    if upstream:
+        stub._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, None)
+        stub.get_high_entropy_mask = types.MethodType(trainer_cls.get_high_entropy_mask, stub)
+        stub.get_off_policy_mask, stub.get_gamma_weights = (
+            trainer_cls.get_off_policy_mask,
+            trainer_cls.get_gamma_weights,
+        )
+        for name in ("top_entropy_quantile", "off_policy_mask_threshold", "importance_sampling_level", "entropy_coef"):
+            setattr(stub, name, config[name])
+        stub.epsilon_low = config["epsilon"]
+        stub.epsilon_high = config["epsilon"] if config["epsilon_high"] is None else config["epsilon_high"]
+        stub.use_vllm = stub.vllm_importance_sampling_correction = False
+        stub.use_adaptive_entropy = config["use_adaptive_entropy"]
+        stub.current_gradient_accumulation_steps = 1
+        stub._entropy_bonus_enabled = config["entropy_coef"] != 0.0 or config["use_adaptive_entropy"]
+        stub._last_world_entropy, stub._entropy_window_stats = float("inf"), None
+        loss = trainer_cls._compute_loss(stub, None, inputs)
+    else:
+        from trl.trainer import grpo_trainer
+        from trl.trainer.entropy_control import EntropyCoefficient
+        from trl.trainer.grpo_losses import POLICY_LOSS_FIELDS
+        from trl.trainer.grpo_scoring import Scores
+
+        grpo_trainer.score_completions = lambda *args, **kwargs: Scores(logps, entropies, None)
+        stub.policy_loss_kwargs = {name: config[name] for name in POLICY_LOSS_FIELDS}
+        stub.entropy_control = EntropyCoefficient.from_config(stub.args)
+        loss = trainer_cls.compute_loss(stub, None, inputs)
+    loss.backward()
+    return dict(
+        loss=loss.item(),
+        grad=logps.grad.tolist(),
+        entropy_grad=None if entropies.grad is None else entropies.grad.tolist(),
+        metrics={name: values[-1] for name, values in stub._metrics["train"].items()},
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--upstream_python", default="/opt/trl-upstream/bin/python")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    from trl import GRPOTrainer
+
+    if args.worker:  # upstream side
+        results = {name: run_case(GRPOTrainer, {**BASE, **over}, upstream=True) for name, over in CASES.items()}
+        with open(args.worker, "w") as f:
+            json.dump(results, f)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "upstream.json")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # upstream's `trl`, never ours
+        subprocess.run(
+            [args.upstream_python, os.path.abspath(__file__), "--worker", out], cwd=tmp, env=env, check=True
+        )
+        with open(out) as f:
+            upstream = json.load(f)
+    worst = defaultdict(float)
+    print(
+        f"{'case':28s} {'loss (ours)':>12s} {'|Δ loss|':>9s} {'|Δ grad|':>9s} {'|Δ metric|':>10s}  upstream-only metrics"
+    )
+    for name, over in CASES.items():
+        ours, theirs = run_case(GRPOTrainer, {**BASE, **over}, upstream=False), upstream[name]
+        d_loss = abs(ours["loss"] - theirs["loss"])
+        d_grad = (torch.tensor(ours["grad"]) - torch.tensor(theirs["grad"])).abs().max().item()
+        if theirs["entropy_grad"] is not None or ours["entropy_grad"] is not None:
+            d_ent = (torch.tensor(ours["entropy_grad"]) - torch.tensor(theirs["entropy_grad"])).abs().max().item()
+            d_grad = max(d_grad, d_ent)
+        shared = set(ours["metrics"]) & set(theirs["metrics"])
+        d_metric = max([abs(ours["metrics"][k] - theirs["metrics"][k]) for k in shared] or [0.0])
+        only = sorted(set(theirs["metrics"]) - set(ours["metrics"]))
+        for key, value in (("loss", d_loss), ("grad", d_grad), ("metric", d_metric)):
+            worst[key] = max(worst[key], value)
+        print(f"{name:28s} {ours['loss']:+12.6f} {d_loss:9.1e} {d_grad:9.1e} {d_metric:10.1e}  {', '.join(only)}")
+    print(f"largest differences: loss {worst['loss']:.1e}, gradient {worst['grad']:.1e}, metric {worst['metric']:.1e}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

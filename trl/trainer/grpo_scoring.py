@@ -1,0 +1,138 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Scoring completions with a model: per-token log-probs and entropies at the sampling temperature, the MoE router
+auxiliary loss, and the float32 LM head. The trainer calls these; the maths on their outputs is in `grpo_losses`."""
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .grpo_losses import selective_log_softmax
+
+
+class Scores(NamedTuple):
+    """`per_token_logps` `(N, L)` float32; `entropies` `(N, L)` float32 or `None`; `aux_loss` scalar or `None`."""
+
+    per_token_logps: torch.Tensor
+    entropies: torch.Tensor | None
+    aux_loss: torch.Tensor | None
+
+
+def score_completions(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    temperature: float,
+    batch_size: int | None = None,
+    compute_entropy: bool = False,
+    compute_aux_loss: bool = False,
+    entropy_grad: bool = False,
+) -> Scores:
+    """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
+    logits divided by `temperature`, so they describe the distribution the completions were sampled from.
+
+    Position ids come from the attention mask, so left padding does not change the result. Entropies are computed at
+    every position; callers average them over valid tokens only.
+
+    Args:
+        model: a causal LM (possibly wrapped).
+        input_ids, attention_mask: `(N, P + L)` prompt + completion.
+        logits_to_keep: L.
+        temperature: the sampling temperature.
+        batch_size: rows per forward pass (all at once when `None`).
+        compute_entropy: also return the `(N, L)` entropies.
+        compute_aux_loss: pass `output_router_logits=True` and return the mean of the model's MoE load-balancing
+            `aux_loss` over the forward passes.
+        entropy_grad: let the entropies carry a gradient (only an entropy bonus needs it; it costs memory).
+
+    Returns:
+        `Scores`.
+    """
+    batch_size = batch_size or input_ids.size(0)
+    logps, entropies, aux_losses = [], [], []
+    for start in range(0, input_ids.size(0), batch_size):
+        ids = input_ids[start : start + batch_size]
+        mask = attention_mask[start : start + batch_size]
+        extra = {"output_router_logits": True} if compute_aux_loss else {}
+        outputs = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            logits_to_keep=logits_to_keep + 1,
+            use_cache=False,
+            **extra,
+        )
+        logits = outputs.logits[:, :-1, :] / temperature
+        out = selective_log_softmax(logits, ids[:, -logits_to_keep:], 2**28, compute_entropy, entropy_grad)
+        logps.append(out[0] if compute_entropy else out)
+        if compute_entropy:
+            entropies.append(out[1])
+        if compute_aux_loss:
+            aux_losses.append(outputs.aux_loss)
+    return Scores(
+        torch.cat(logps, dim=0),
+        torch.cat(entropies, dim=0) if compute_entropy else None,
+        torch.stack(aux_losses).mean() if compute_aux_loss else None,
+    )
+
+
+def router_aux_loss_settings(model: nn.Module, router_aux_loss_coef: float | None) -> tuple[float, bool]:
+    """The MoE load-balancing loss weight and whether to add it, as `GRPOConfig.router_aux_loss_coef` says.
+
+    `None` takes the model config's own `router_aux_loss_coef` (0 when it has none). The loss is added when the
+    model can return router logits (its config has `output_router_logits`) and the weight is not 0.
+
+    Returns:
+        `(coefficient, enabled)`.
+
+    Raises:
+        ValueError: if a non-zero coefficient is given for a model without router logits.
+    """
+    config = model.config.get_text_config()
+    can_route = hasattr(config, "output_router_logits")
+    coef = getattr(config, "router_aux_loss_coef", 0.0) if router_aux_loss_coef is None else router_aux_loss_coef
+    if router_aux_loss_coef and not can_route:
+        raise ValueError(
+            f"router_aux_loss_coef={router_aux_loss_coef} needs a Mixture-of-Experts model that returns router "
+            f"logits, but {type(model).__name__} has none: leave router_aux_loss_coef=None (or 0.0)."
+        )
+    return coef, can_route and coef != 0.0
+
+
+def cast_lm_head_to_fp32(model: nn.Module) -> None:
+    """Keep the LM head's weights in float32 and compute the logits in float32 (ScaleRL, arXiv 2510.13786), in place.
+
+    The hidden states are cast to float32 before the projection, with autocast off, so mixed precision does not
+    round the logits back. With tied embeddings the shared weight becomes float32 too, and the embedding output is
+    cast back to the model's dtype so the rest of the network is unchanged.
+
+    Raises:
+        ValueError: if the LM head carries a PEFT adapter.
+    """
+    head = model.get_output_embeddings()
+    if hasattr(head, "base_layer"):  # a PEFT tuner layer
+        raise ValueError(
+            "cast_lm_head_to_fp32=True does not support a PEFT adapter on the LM head: remove 'lm_head' from the "
+            "adapter's target_modules, or set cast_lm_head_to_fp32=False."
+        )
+    dtype = head.weight.dtype
+    head.float()
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden_states.device.type, enabled=False):
+            return nn.functional.linear(hidden_states.float(), head.weight, head.bias)
+
+    head.forward = forward
+    embedding = model.get_input_embeddings()
+    if embedding.weight is head.weight and dtype != torch.float32:
+        embedding.register_forward_hook(lambda module, args, output: output.to(dtype))
+
+
+def gather_valid_entropies(accelerator, values: torch.Tensor) -> torch.Tensor:
+    """Concatenate every process's 1-D tensor of (non-negative) entropies; their lengths may differ.
+
+    Each is padded to the longest with −1 before the gather, and the pads are dropped after it.
+    """
+    gathered = accelerator.gather(accelerator.pad_across_processes(values, dim=0, pad_index=-1.0))
+    return gathered[gathered >= 0]
