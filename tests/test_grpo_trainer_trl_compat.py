@@ -184,7 +184,7 @@ def test_chat_template_kwargs_and_unique_prompts(tiny_lm_path, grpo_kwargs):
 def test_pad_to_multiple_of_pads_and_masks(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     losses = {}
     for multiple in (None, 8):
-        args = GRPOConfig(**grpo_kwargs, pad_to_multiple_of=multiple, beta=0.0)
+        args = GRPOConfig(**{**grpo_kwargs, "pad_to_multiple_of": multiple, "beta": 0.0})
         trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
         trainer.train()
         losses[multiple] = last_log_with(trainer, "loss")["loss"]

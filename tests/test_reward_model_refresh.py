@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_grpo_kwargs
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback, set_seed
 
 from trl import GRPOConfig, GRPOTrainer, RewardModelRefreshCallback, SyncRefModelCallback
@@ -248,27 +249,15 @@ M = 2
 
 def make_trainer(lm_path, rm_path, output_dir, callbacks=None, label_func=parity_label, reward_funcs=None, **over):
     set_seed(0)
-    kwargs = dict(
-        output_dir=str(output_dir),
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=4,
-        max_prompt_length=16,
-        gradient_accumulation_steps=2,  # 8 completions per optimizer step
-        learning_rate=1e-2,
-        max_steps=5,
-        seed=0,
-        beta=0.0,
-        reward_model_update_steps=M,
-        reward_model_replay_ratio=0.2,
-        reward_model_learning_rate=1e-2,
-        reward_model_batch_size=8,
-    )
+    kwargs = {
+        **tiny_grpo_kwargs(str(output_dir)),
+        "max_steps": 5,
+        "beta": 0.0,
+        "reward_model_update_steps": M,
+        "reward_model_replay_ratio": 0.2,
+        "reward_model_learning_rate": 1e-2,
+        "reward_model_batch_size": 8,
+    }
     kwargs.update(over)
     return GRPOTrainer(
         model=lm_path,
