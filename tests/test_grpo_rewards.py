@@ -24,8 +24,10 @@ from trl.trainer.grpo_rewards import (
     completions_table,
     is_async_reward_func,
     load_reward_funcs,
+    normalized_sum,
     reward_func_name,
     reward_metrics,
+    zero_std_fraction,
 )
 
 
@@ -242,6 +244,29 @@ def test_normalize_then_sum_hand_computed():
     assert torch.equal(rewards, torch.tensor([6.0, 15.0, 11.0, 10.0]))  # raw weighted sum, as logged
     # scale_rewards does not change normalize_then_sum
     assert torch.equal(aggregate_rewards(per_func, weights, 4, "group", "normalize_then_sum")[0], advantages)
+
+
+def test_zero_std_fraction_uses_the_rewards_that_scale_the_advantages():
+    # Group 1 constant (2.0), group 2 varies: per-group share 0.5; the batch std is not zero.
+    one_func = torch.tensor([2.0, 2.0, 2.0, 2.0, 0.0, 1.0, 0.0, 1.0]).unsqueeze(1)
+    ones = torch.ones(1)
+    assert zero_std_fraction(one_func, ones, 4, "group") == 0.5
+    assert zero_std_fraction(one_func, ones, 4, "none") == 0.5
+    assert zero_std_fraction(one_func, ones, 4, "batch") == 0.0
+    assert zero_std_fraction(one_func, ones, 4, "group", "normalize_then_sum") == 0.0
+    # Constant within each group, different between groups: GDPO normalises every group to 0, so the combined
+    # rewards have zero batch std (TRL 1.16 logs 1.0), although the raw weighted sums differ (batch std > 0).
+    constant = torch.tensor([[1.0, 5.0]] * 4 + [[3.0, 0.0]] * 4)
+    weights = torch.tensor([1.0, 2.0])
+    assert zero_std_fraction(constant, weights, 4, "batch", "normalize_then_sum") == 1.0
+    assert zero_std_fraction(constant, weights, 4, "batch", "sum_then_normalize") == 0.0
+    assert torch.equal(normalized_sum(constant, weights, 4), torch.zeros(8))
+    # A completion nobody scored is NaN in the combined reward and left out of the std.
+    with_none = torch.tensor([[1.0, NAN], [NAN, NAN], [0.0, NAN], [1.0, NAN]])
+    combined = normalized_sum(with_none, weights, 4)
+    a = 1 / 3 / (math.sqrt(1 / 3) + EPS)  # (1 − 2/3) / (std + eps) over the 3 scored values
+    assert combined[[0, 2, 3]].tolist() == pytest.approx([a, -2 * a, a])
+    assert math.isnan(combined[1])
 
 
 @pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])

@@ -21,6 +21,7 @@ from transformers.utils import logging
 
 from .grpo_config import MULTI_OBJECTIVE_AGGREGATIONS
 from .grpo_losses import group_advantages
+from .grpo_metrics import frac_reward_zero_std
 
 
 logger = logging.get_logger(__name__)
@@ -326,14 +327,7 @@ def aggregate_rewards(
     if multi_objective_aggregation == "sum_then_normalize":
         advantages = group_advantages(weighted, num_generations, scale_rewards, valid)
     elif multi_objective_aggregation == "normalize_then_sum":
-        normalised = torch.stack(
-            [
-                group_advantages(column.nan_to_num(0.0), num_generations, "group", ~torch.isnan(column))
-                for column in rewards_per_func.unbind(dim=1)
-            ],
-            dim=1,
-        )
-        summed = (normalised * reward_weights.to(normalised).unsqueeze(0)).sum(dim=1)
+        summed = normalized_sum(rewards_per_func, reward_weights, num_generations).nan_to_num(0.0)
         advantages = group_advantages(summed, summed.numel(), "group", valid)  # the whole batch as one group
     else:
         raise ValueError(
@@ -341,6 +335,53 @@ def aggregate_rewards(
             f"{multi_objective_aggregation!r}."
         )
     return advantages, weighted.masked_fill(~valid, float("nan")), valid
+
+
+def normalized_sum(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """GDPO's combined reward (arXiv 2601.05242): each reward normalised within its group, (r_k − mean) /
+    (std + 1e-4) over the completions it scored, then weighted and summed.
+
+    Args:
+        rewards_per_func: `(N, F)` float tensor, NaN for `None`.
+        reward_weights: `(F,)` float tensor.
+        num_generations: G.
+
+    Returns:
+        `(N,)` float tensor; NaN where no function scored the completion.
+    """
+    normalised = torch.stack(
+        [
+            group_advantages(column.nan_to_num(0.0), num_generations, "group", ~torch.isnan(column))
+            for column in rewards_per_func.unbind(dim=1)
+        ],
+        dim=1,
+    )
+    summed = (normalised * reward_weights.to(normalised).unsqueeze(0)).sum(dim=1)
+    return summed.masked_fill(torch.isnan(rewards_per_func).all(dim=1), float("nan"))
+
+
+def zero_std_fraction(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    num_generations: int,
+    scale_rewards: str = "group",
+    multi_objective_aggregation: str = "sum_then_normalize",
+) -> float:
+    """The logged `frac_reward_zero_std`, from the rewards whose std scales the advantages: the weighted sum per
+    group (or over the batch with `scale_rewards="batch"`) for `"sum_then_normalize"`; the batch of GDPO combined
+    rewards (`normalized_sum`) for `"normalize_then_sum"`, where groups that are constant in every reward give 1.
+
+    Args:
+        rewards_per_func: `(N, F)` float tensor, NaN for `None`.
+        reward_weights: `(F,)` float tensor.
+        num_generations: G.
+        scale_rewards: `"group"`, `"batch"` or `"none"` (sum-then-normalise only).
+        multi_objective_aggregation: `"sum_then_normalize"` or `"normalize_then_sum"`.
+    """
+    if multi_objective_aggregation == "normalize_then_sum":
+        return frac_reward_zero_std(normalized_sum(rewards_per_func, reward_weights, num_generations), 1, "batch")
+    weighted, valid = combine_rewards(rewards_per_func, reward_weights)
+    return frac_reward_zero_std(weighted.masked_fill(~valid, float("nan")), num_generations, scale_rewards)
 
 
 def reward_metrics(rewards_per_func: torch.Tensor, names: list[str], rewards: torch.Tensor) -> dict[str, float]:

@@ -72,7 +72,6 @@ from .grpo_losses import (
 from .grpo_metrics import (
     clip_ratio_metrics,
     completion_length_metrics,
-    frac_reward_zero_std,
     reward_std,
     sequence_sums,
     token_mean,
@@ -88,6 +87,7 @@ from .grpo_rewards import (
     is_async_reward_func,
     load_reward_funcs,
     reward_metrics,
+    zero_std_fraction,
 )
 from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter
 
@@ -604,8 +604,8 @@ class GRPOTrainer(Trainer):
             metrics[key].append(value)
         scored = torch.where(valid, rewards, torch.full_like(rewards, float("nan")))
         metrics["reward_std"].append(reward_std(scored))
-        std_scope = "batch" if args.multi_objective_aggregation == "normalize_then_sum" else args.scale_rewards
-        metrics["frac_reward_zero_std"].append(frac_reward_zero_std(scored, group_size, std_scope))
+        zero_std = zero_std_fraction(rewards_per_func, weights, group_size, args.scale_rewards, aggregation)
+        metrics["frac_reward_zero_std"].append(zero_std)
         if args.log_completions:
             prompts_all, completions_all = gather_object(prompts), gather_object(completions_text)
             table = {"prompt": prompts_all, "completion": completions_all, "reward": rewards.tolist(), **extra_columns}
