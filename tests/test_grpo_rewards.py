@@ -324,7 +324,7 @@ def test_log_hooks_gather_over_processes():
     hooks = RewardLogHooks()
     hooks.log_extra("x", [1, 2])
     hooks.log_metric("m", 4.0)
-    other_process_objects = iter([[], [None, None], ["n"]])  # column names, column "x", metric names
+    other_process_objects = iter([[], [[None, None]], ["n"]])  # column names, column "x", metric names
     other_process_stats = iter([[[2.0, 2.0]], [[9.0, 1.0]]])  # (sum, count) of "m", then of "n"
 
     def gather_object(obj):
@@ -341,8 +341,25 @@ def test_log_hooks_gather_over_processes():
 def test_log_extra_needs_one_value_per_completion():
     hooks = RewardLogHooks()
     hooks.log_extra("x", [1])
-    with pytest.raises(ValueError, match="log_extra column 'x' got 1 values for 2 completions"):
+    with pytest.raises(ValueError, match=r"log_extra column 'x' got \[1\] values \(per process\) for 2 completions"):
         hooks.pop(2)
+
+
+def test_log_extra_length_error_is_raised_on_every_process():
+    """Process 0 logged a correct column, process 1 a short one: process 0 must raise too (after the same gathers),
+    not go on to the next gather alone and hang."""
+    hooks = RewardLogHooks()
+    hooks.log_extra("x", [1, 2])
+    other_process_objects = iter([["x"], [[7]]])  # column names, then column "x" of process 1
+    calls = []
+
+    def gather_object(obj):
+        calls.append(obj)
+        return list(obj) + next(other_process_objects)
+
+    with pytest.raises(ValueError, match=r"log_extra column 'x' got \[2, 1\] values \(per process\) for 2"):
+        hooks.pop(2, gather_object)
+    assert calls == [["x"], [[1, 2]]]  # both gathers happened before the error
 
 
 def test_completions_table_unique_prompts():

@@ -434,20 +434,22 @@ class RewardLogHooks:
 
         Every process must call this (it gathers); column and metric names are gathered first and walked in sorted
         order, so processes that logged different names stay aligned. A process that did not log a column fills it
-        with `None`.
+        with `None`. Each column is gathered as one list per process and checked after the gather, so that every
+        process raises together (a process raising alone would leave the others waiting in the next gather).
 
         Raises:
-            ValueError: if a column does not have one value per local completion.
+            ValueError: if a column does not have one value per completion on some process.
         """
         columns = {}
         for column in sorted(set(gather_object(sorted(self.extra)))):
-            values = self.extra.get(column, [None] * num_completions)
-            if len(values) != num_completions:
+            per_process = gather_object([self.extra.get(column, [None] * num_completions)])
+            lengths = [len(values) for values in per_process]
+            if any(length != num_completions for length in lengths):
                 raise ValueError(
-                    f"log_extra column {column!r} got {len(values)} values for {num_completions} completions: log "
-                    "one value per completion, once per batch."
+                    f"log_extra column {column!r} got {lengths} values (per process) for {num_completions} "
+                    "completions each: log one value per completion, once per batch."
                 )
-            columns[column] = gather_object(values)
+            columns[column] = [value for values in per_process for value in values]
         metrics = {}
         for name in sorted(set(gather_object(sorted(self.metrics)))):
             values = self.metrics.get(name, [])
