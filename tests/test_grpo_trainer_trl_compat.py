@@ -137,12 +137,25 @@ def test_num_generations_eval_one(tiny_lm_path, arithmetic_dataset, grpo_kwargs)
         tiny_lm_path, recording, args=args, train_dataset=arithmetic_dataset, eval_dataset=eval_dataset
     )
     metrics = trainer.evaluate()
-    assert prompts_seen == eval_dataset["prompt"]  # one completion per prompt
+    order = torch.randperm(3, generator=torch.Generator().manual_seed(args.seed)).tolist()  # TRL's seeded order
+    assert prompts_seen == [eval_dataset["prompt"][i] for i in order]  # one completion per prompt
     assert metrics["eval_loss"] == 0.0
     logged = trainer.state.log_history[-1]
     # Every single-completion group counts as zero-std (as TRL); reward_std is the std over the whole eval batch.
     assert logged["eval_frac_reward_zero_std"] == 1.0
     assert math.isfinite(logged["eval_reward"]) and math.isfinite(logged["eval_reward_std"])
+
+
+def test_eval_prompts_come_in_trls_seeded_order(tiny_lm_path, grpo_kwargs):
+    """The eval sampler shuffles with `seed` like TRL 1.16's: the order below was recorded from TRL 1.16.0's
+    `GRPOTrainer.evaluate()` on these 10 prompts with seed=3, num_generations_eval=2, and is the same at every call."""
+    dataset = Dataset.from_dict({"prompt": [f"{i}+1=" for i in range(10)]})
+    args = GRPOConfig(**{**grpo_kwargs, "seed": 3}, num_generations_eval=2, per_device_eval_batch_size=4)
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=dataset, eval_dataset=dataset)
+    sampler = trainer._get_eval_sampler(dataset)
+    trl_order = [6, 0, 3, 7, 8, 5, 1, 9, 2, 4]
+    assert list(sampler) == [i for i in trl_order for _ in range(2)]
+    assert list(sampler) == list(trainer._get_eval_sampler(dataset))
 
 
 def test_eval_batch_must_divide_by_num_generations_eval(tiny_lm_path, arithmetic_dataset, grpo_kwargs):

@@ -366,10 +366,8 @@ class GRPOTrainer(Trainer):
             seed=self.args.seed,
         )
 
-    def _get_eval_sampler(self, eval_dataset) -> Sampler:
-        return RepeatSampler(
-            eval_dataset, mini_repeat_count=self.num_generations_eval, shuffle=False, seed=self.args.seed
-        )
+    def _get_eval_sampler(self, eval_dataset) -> Sampler:  # seeded shuffle: TRL's eval prompt order
+        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, seed=self.args.seed)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         self._step, self._buffered_inputs = None, None
