@@ -239,6 +239,27 @@ def test_trust_remote_code_reaches_every_load(tiny_lm_path, tiny_rm_path, arithm
     assert len(calls) == 4  # policy, its tokenizer, reward model, its tokenizer
 
 
+def test_tokenizers_are_loaded_from_the_models_revision(tiny_lm_path, tiny_rm_path, arithmetic_dataset, grpo_kwargs):
+    """`model_init_kwargs={"revision": ...}` (the CLI's `--model_revision`): the policy's and the reward model's
+    tokenizers come from the same revision as the weights, as in TRL; a reward model passed as an object gets None."""
+    calls = []
+    original = AutoTokenizer.from_pretrained
+
+    def from_pretrained(path, *args, **kwargs):
+        calls.append((path, kwargs.get("revision")))
+        return original(path, *args, **kwargs)
+
+    reward_model = AutoModelForSequenceClassification.from_pretrained(tiny_rm_path, num_labels=1)
+    with mock.patch.object(AutoTokenizer, "from_pretrained", from_pretrained):
+        GRPOTrainer(
+            tiny_lm_path,
+            [tiny_rm_path, reward_model, first_token_reward],
+            args=GRPOConfig(**grpo_kwargs, model_init_kwargs={"revision": "v2"}),
+            train_dataset=arithmetic_dataset,
+        )
+    assert calls == [(tiny_lm_path, "v2"), (tiny_rm_path, "v2"), (tiny_rm_path, None)]
+
+
 # ---------------------------------------------------------------- missing inputs
 
 

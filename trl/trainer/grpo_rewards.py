@@ -66,8 +66,8 @@ def load_reward_funcs(
     """Turn the trainer's `reward_funcs` / `reward_processing_classes` / `reward_weights` into aligned lists.
 
     Paths are loaded as one-label sequence-classification reward models with `model_init_kwargs` (which carries
-    `trust_remote_code`); a reward model without a tokenizer gets the one saved next to it, and its pad token id is
-    set from that tokenizer.
+    `trust_remote_code`); a reward model without a tokenizer gets the one saved next to it (from the same
+    `revision` when the model was loaded from a path), and its pad token id is set from that tokenizer.
 
     Returns:
         `(funcs, names, processing_classes, weights)`: `weights` is an `(F,)` float32 tensor (all ones by default).
@@ -83,6 +83,8 @@ def load_reward_funcs(
         )
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     model_init_kwargs = model_init_kwargs or {}
+    # A reward model loaded from a path gets its tokenizer from the same revision.
+    revisions = [model_init_kwargs.get("revision") if isinstance(f, str) else None for f in funcs]
     funcs = [
         AutoModelForSequenceClassification.from_pretrained(f, num_labels=1, **model_init_kwargs)
         if isinstance(f, str)
@@ -109,7 +111,9 @@ def load_reward_funcs(
         if isinstance(func, PreTrainedModel):
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(
-                    func.config._name_or_path, trust_remote_code=model_init_kwargs.get("trust_remote_code", False)
+                    func.config._name_or_path,
+                    revision=revisions[i],
+                    trust_remote_code=model_init_kwargs.get("trust_remote_code", False),
                 )
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token

@@ -237,9 +237,11 @@ class GRPOTrainer(Trainer):
             if args.gradient_checkpointing:  # frozen embeddings: let checkpointed blocks still see a grad input
                 model.enable_input_require_grads()
             model = get_peft_model(model, peft_config)
-        if processing_class is None:
+        if processing_class is None:  # same revision as the model (model_init_kwargs only apply to a path)
             processing_class = AutoTokenizer.from_pretrained(
-                model.config._name_or_path, trust_remote_code=args.trust_remote_code
+                model.config._name_or_path,
+                revision=_model_init_kwargs(args).get("revision"),
+                trust_remote_code=args.trust_remote_code,
             )
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
