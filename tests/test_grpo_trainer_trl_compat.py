@@ -195,17 +195,28 @@ def test_chat_template_kwargs_and_unique_prompts(tiny_lm_path, grpo_kwargs):
 
 
 def test_pad_to_multiple_of_pads_and_masks(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    losses = {}
+    """Padding is invisible: the same completions, reference log-probs and gradient as without it (the loss itself
+    is ≈ 0 on-policy, so it would not show a difference)."""
+    runs = {}
     for multiple in (None, 8):
-        args = GRPOConfig(**grpo_kwargs, pad_to_multiple_of=multiple, beta=0.0)
+        args = GRPOConfig(**grpo_kwargs, pad_to_multiple_of=multiple, beta=0.1)
         trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
         trainer.train()
-        losses[multiple] = last_log_with(trainer, "loss")["loss"]
         batch = trainer._buffered_inputs[0]
+        prompt, mask = batch["prompt_ids"], batch["completion_mask"].bool()
+        runs[multiple] = {
+            "grad_norm": last_log_with(trainer, "grad_norm")["grad_norm"],
+            "prompts": [ids[m.bool()].tolist() for ids, m in zip(prompt, batch["prompt_mask"])],
+            "completions": [ids[m].tolist() for ids, m in zip(batch["completion_ids"], mask)],
+            "ref": batch["ref_per_token_logps"][mask],
+        }
         if multiple:
-            assert batch["prompt_ids"].size(1) == 8 and batch["completion_ids"].size(1) == 8
+            assert prompt.size(1) == 8 and batch["completion_ids"].size(1) == 8
             assert batch["completion_mask"][:, 4:].eq(0).all()  # max_completion_length=4: the rest is padding
-    assert losses[8] == pytest.approx(losses[None], rel=1e-5, abs=1e-7)
+    padded, plain = runs[8], runs[None]
+    assert padded["prompts"] == plain["prompts"] and padded["completions"] == plain["completions"]
+    assert torch.allclose(padded["ref"], plain["ref"], atol=1e-5)
+    assert padded["grad_norm"] > 0 and padded["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
 
 
 def test_trust_remote_code_reaches_every_load(tiny_lm_path, tiny_rm_path, arithmetic_dataset, grpo_kwargs):
