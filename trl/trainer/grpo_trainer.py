@@ -379,7 +379,12 @@ class GRPOTrainer(Trainer):
         if checkpoint:
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
-            saved = load_generation_buffer(checkpoint, self.accelerator.process_index, self.accelerator.device)
+            rank, world, device = (
+                self.accelerator.process_index,
+                self.accelerator.num_processes,
+                self.accelerator.device,
+            )
+            saved = load_generation_buffer(checkpoint, rank, device, world)
             self._step, self._buffered_inputs = saved or (None, None)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
@@ -393,7 +398,8 @@ class GRPOTrainer(Trainer):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self._buffered_inputs is not None and self._step % (self.args.steps_per_generation * self.num_iterations):
-            save_generation_buffer(folder, self.accelerator.process_index, self._step, self._buffered_inputs)
+            rank, world = self.accelerator.process_index, self.accelerator.num_processes
+            save_generation_buffer(folder, rank, self._step, self._buffered_inputs, world)
         if self.sync_callback is not None:
             state, file = self.sync_callback.state_dict(), self._reference_file
             save_reference_state(self._reference_tensors(), folder, file, state, self.args.should_save)
