@@ -146,6 +146,21 @@ def test_num_generations_eval_one(tiny_lm_path, arithmetic_dataset, grpo_kwargs)
     assert math.isfinite(logged["eval_reward"]) and math.isfinite(logged["eval_reward_std"])
 
 
+def test_evaluation_does_not_replace_the_training_completions_table(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """The table printed at the next training log shows training completions, not the last eval batch (with
+    num_iterations=2 the next step generates nothing new)."""
+    args = GRPOConfig(**grpo_kwargs, log_completions=True, num_iterations=2, num_generations_eval=2)
+    eval_dataset = Dataset.from_dict({"prompt": ["eval prompt"] * 2})
+    trainer = GRPOTrainer(
+        tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset, eval_dataset=eval_dataset
+    )
+    trainer.train()
+    table = trainer._last_completions
+    assert len(table["prompt"]) == 8 and set(table["prompt"]) <= set(arithmetic_dataset["prompt"])
+    trainer.evaluate()
+    assert trainer._last_completions is table
+
+
 def test_eval_prompts_come_in_trls_seeded_order(tiny_lm_path, grpo_kwargs):
     """The eval sampler shuffles with `seed` like TRL 1.16's: the order below was recorded from TRL 1.16.0's
     `GRPOTrainer.evaluate()` on these 10 prompts with seed=3, num_generations_eval=2, and is the same at every call."""

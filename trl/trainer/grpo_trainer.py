@@ -612,7 +612,7 @@ class GRPOTrainer(Trainer):
         metrics["reward_std"].append(reward_std(scored))
         zero_std = zero_std_fraction(rewards_per_func, weights, group_size, args.scale_rewards, aggregation)
         metrics["frac_reward_zero_std"].append(zero_std)
-        if args.log_completions:
+        if args.log_completions and mode == "train":  # printed at training logs: never an eval batch
             prompts_all, completions_all = gather_object(prompts), gather_object(completions_text)
             table = {"prompt": prompts_all, "completion": completions_all, "reward": rewards.tolist(), **extra_columns}
             table = completions_table({**table, "advantage": advantages.tolist()}, args.log_unique_prompts)
