@@ -124,11 +124,12 @@ def test_all_none_rewards_warn_with_the_inputs(tiny_lm_path, arithmetic_dataset,
 
 
 def test_num_generations_eval_one(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    prompts_seen = []
+    prompts_seen, returned = [], []
 
     def recording(prompts, completion_ids, **kwargs):
         prompts_seen.extend(prompts)
-        return first_token_reward(completion_ids)
+        returned.extend(first_token_reward(completion_ids))
+        return returned[-len(prompts) :]
 
     # 3 completions per eval batch: not divisible by num_generations=4, fine for num_generations_eval=1.
     args = GRPOConfig(**grpo_kwargs, num_generations_eval=1, per_device_eval_batch_size=3)
@@ -143,7 +144,9 @@ def test_num_generations_eval_one(tiny_lm_path, arithmetic_dataset, grpo_kwargs)
     logged = trainer.state.log_history[-1]
     # Every single-completion group counts as zero-std (as TRL); reward_std is the std over the whole eval batch.
     assert logged["eval_frac_reward_zero_std"] == 1.0
-    assert math.isfinite(logged["eval_reward"]) and math.isfinite(logged["eval_reward_std"])
+    values = torch.tensor(returned)  # one eval batch of 3 single-completion groups
+    assert logged["eval_reward"] == pytest.approx(values.mean().item())
+    assert logged["eval_reward_std"] == pytest.approx(values.std().item())
 
 
 def test_evaluation_does_not_replace_the_training_completions_table(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
