@@ -178,6 +178,12 @@ def test_metrics_on_two_processes(tmp_path, tiny_lm_path):
                 "clip_ratio/high_max": 1.0,
             }
         )
+    # Reward-function hooks across processes: the metric is averaged over ranks (0 and 1); the column rank 1 did not
+    # log is filled with None; the completions table lives on the main process only.
+    assert results[0]["logged"]["rank_metric"] == 0.5
+    assert results[0]["table"]["rank"] == [0] * 4 + [None] * 4
+    assert results[0]["table"]["prompt"] == ["1+1="] * 4 + ["2+3="] * 4
+    assert results[1]["table"] == {}
     # Every logged value is global, except step_time (each process's own clock, as in TRL).
     same = [{k: v for k, v in r["logged"].items() if k != "step_time"} for r in results]
     assert same[0] == same[1]
