@@ -54,6 +54,8 @@ def test_frac_reward_zero_std_uses_a_tolerance_and_the_std_that_scales_the_advan
     assert frac_reward_zero_std(constant_per_group, 4, "group") == 1.0
     assert frac_reward_zero_std(constant_per_group, 4, "batch") == 0.0
     assert frac_reward_zero_std(torch.full((8,), 2.0), 4, "batch") == 1.0
+    # A batch of one completion (evaluation with num_generations_eval=1 and one prompt): no spread, as in TRL.
+    assert frac_reward_zero_std(torch.tensor([3.0]), 1, "batch") == 1.0
 
 
 def test_token_means_weight_every_token_of_every_process_equally():
@@ -127,19 +129,26 @@ def group_constant_reward(prompts, **kwargs):
     return [1.0 if p == "1+1=" else 3.0 for p in prompts]
 
 
-@pytest.mark.parametrize("scale_rewards", ["group", "batch"])
-def test_trainer_logs_batch_reward_std_and_zero_std_share(tiny_lm_path, grpo_kwargs, scale_rewards):
+@pytest.mark.parametrize(
+    "scale_rewards, aggregation, zero_std",
+    [("group", "sum_then_normalize", 1.0), ("batch", "sum_then_normalize", 0.0), ("group", "normalize_then_sum", 1.0)],
+)
+def test_trainer_logs_batch_reward_std_and_zero_std_share(
+    tiny_lm_path, grpo_kwargs, scale_rewards, aggregation, zero_std
+):
+    """GDPO (normalize_then_sum): a reward constant within each group normalises to 0 everywhere, so the batch of
+    combined rewards has zero std (TRL logs 1.0), even though the raw rewards differ between groups."""
     from datasets import Dataset
 
     args = GRPOConfig(**{**grpo_kwargs, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1})
-    args.scale_rewards = scale_rewards
+    args.scale_rewards, args.multi_objective_aggregation = scale_rewards, aggregation
     dataset = Dataset.from_dict({"prompt": ["1+1=", "2+3="]})
     trainer = GRPOTrainer(tiny_lm_path, group_constant_reward, args=args, train_dataset=dataset)
     trainer.train()
     log = trainer.state.log_history[0]
     assert log["reward"] == 2.0
     assert log["reward_std"] == pytest.approx(SQRT_8_7)
-    assert log["frac_reward_zero_std"] == (1.0 if scale_rewards == "group" else 0.0)
+    assert log["frac_reward_zero_std"] == zero_std
     assert log["num_tokens"] == trainer.state.num_input_tokens_seen > 0
     assert log["step_time"] > 0.0
     assert "prompts/truncated_ratio" in log  # the test config sets max_prompt_length
@@ -182,6 +191,12 @@ def test_metrics_on_two_processes(tmp_path, tiny_lm_path):
                 "clip_ratio/high_max": 1.0,
             }
         )
+    # Reward-function hooks across processes: the metric is averaged over ranks (0 and 1); the column rank 1 did not
+    # log is filled with None; the completions table lives on the main process only.
+    assert results[0]["logged"]["rank_metric"] == 0.5
+    assert results[0]["table"]["rank"] == [0] * 4 + [None] * 4
+    assert results[0]["table"]["prompt"] == ["1+1="] * 4 + ["2+3="] * 4
+    assert results[1]["table"] == {}
     # Every logged value is global, except step_time (each process's own clock, as in TRL).
     same = [{k: v for k, v in r["logged"].items() if k != "step_time"} for r in results]
     assert same[0] == same[1]

@@ -24,8 +24,10 @@ from trl.trainer.grpo_rewards import (
     completions_table,
     is_async_reward_func,
     load_reward_funcs,
+    normalized_sum,
     reward_func_name,
     reward_metrics,
+    zero_std_fraction,
 )
 
 
@@ -244,6 +246,29 @@ def test_normalize_then_sum_hand_computed():
     assert torch.equal(aggregate_rewards(per_func, weights, 4, "group", "normalize_then_sum")[0], advantages)
 
 
+def test_zero_std_fraction_uses_the_rewards_that_scale_the_advantages():
+    # Group 1 constant (2.0), group 2 varies: per-group share 0.5; the batch std is not zero.
+    one_func = torch.tensor([2.0, 2.0, 2.0, 2.0, 0.0, 1.0, 0.0, 1.0]).unsqueeze(1)
+    ones = torch.ones(1)
+    assert zero_std_fraction(one_func, ones, 4, "group") == 0.5
+    assert zero_std_fraction(one_func, ones, 4, "none") == 0.5
+    assert zero_std_fraction(one_func, ones, 4, "batch") == 0.0
+    assert zero_std_fraction(one_func, ones, 4, "group", "normalize_then_sum") == 0.0
+    # Constant within each group, different between groups: GDPO normalises every group to 0, so the combined
+    # rewards have zero batch std (TRL 1.16 logs 1.0), although the raw weighted sums differ (batch std > 0).
+    constant = torch.tensor([[1.0, 5.0]] * 4 + [[3.0, 0.0]] * 4)
+    weights = torch.tensor([1.0, 2.0])
+    assert zero_std_fraction(constant, weights, 4, "batch", "normalize_then_sum") == 1.0
+    assert zero_std_fraction(constant, weights, 4, "batch", "sum_then_normalize") == 0.0
+    assert torch.equal(normalized_sum(constant, weights, 4), torch.zeros(8))
+    # A completion nobody scored is NaN in the combined reward and left out of the std.
+    with_none = torch.tensor([[1.0, NAN], [NAN, NAN], [0.0, NAN], [1.0, NAN]])
+    combined = normalized_sum(with_none, weights, 4)
+    a = 1 / 3 / (math.sqrt(1 / 3) + EPS)  # (1 − 2/3) / (std + eps) over the 3 scored values
+    assert combined[[0, 2, 3]].tolist() == pytest.approx([a, -2 * a, a])
+    assert math.isnan(combined[1])
+
+
 @pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
 def test_a_none_never_makes_advantages_nan(aggregation):
     per_func = torch.tensor(
@@ -299,7 +324,7 @@ def test_log_hooks_gather_over_processes():
     hooks = RewardLogHooks()
     hooks.log_extra("x", [1, 2])
     hooks.log_metric("m", 4.0)
-    other_process_objects = iter([[], [None, None], ["n"]])  # column names, column "x", metric names
+    other_process_objects = iter([[], [[None, None]], ["n"]])  # column names, column "x", metric names
     other_process_stats = iter([[[2.0, 2.0]], [[9.0, 1.0]]])  # (sum, count) of "m", then of "n"
 
     def gather_object(obj):
@@ -316,8 +341,25 @@ def test_log_hooks_gather_over_processes():
 def test_log_extra_needs_one_value_per_completion():
     hooks = RewardLogHooks()
     hooks.log_extra("x", [1])
-    with pytest.raises(ValueError, match="log_extra column 'x' got 1 values for 2 completions"):
+    with pytest.raises(ValueError, match=r"log_extra column 'x' got \[1\] values \(per process\) for 2 completions"):
         hooks.pop(2)
+
+
+def test_log_extra_length_error_is_raised_on_every_process():
+    """Process 0 logged a correct column, process 1 a short one: process 0 must raise too (after the same gathers),
+    not go on to the next gather alone and hang."""
+    hooks = RewardLogHooks()
+    hooks.log_extra("x", [1, 2])
+    other_process_objects = iter([["x"], [[7]]])  # column names, then column "x" of process 1
+    calls = []
+
+    def gather_object(obj):
+        calls.append(obj)
+        return list(obj) + next(other_process_objects)
+
+    with pytest.raises(ValueError, match=r"log_extra column 'x' got \[2, 1\] values \(per process\) for 2"):
+        hooks.pop(2, gather_object)
+    assert calls == [["x"], [[1, 2]]]  # both gathers happened before the error
 
 
 def test_completions_table_unique_prompts():

@@ -124,11 +124,12 @@ def test_all_none_rewards_warn_with_the_inputs(tiny_lm_path, arithmetic_dataset,
 
 
 def test_num_generations_eval_one(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    prompts_seen = []
+    prompts_seen, returned = [], []
 
     def recording(prompts, completion_ids, **kwargs):
         prompts_seen.extend(prompts)
-        return first_token_reward(completion_ids)
+        returned.extend(first_token_reward(completion_ids))
+        return returned[-len(prompts) :]
 
     # 3 completions per eval batch: not divisible by num_generations=4, fine for num_generations_eval=1.
     args = GRPOConfig(**grpo_kwargs, num_generations_eval=1, per_device_eval_batch_size=3)
@@ -137,12 +138,42 @@ def test_num_generations_eval_one(tiny_lm_path, arithmetic_dataset, grpo_kwargs)
         tiny_lm_path, recording, args=args, train_dataset=arithmetic_dataset, eval_dataset=eval_dataset
     )
     metrics = trainer.evaluate()
-    assert prompts_seen == eval_dataset["prompt"]  # one completion per prompt
+    order = torch.randperm(3, generator=torch.Generator().manual_seed(args.seed)).tolist()  # TRL's seeded order
+    assert prompts_seen == [eval_dataset["prompt"][i] for i in order]  # one completion per prompt
     assert metrics["eval_loss"] == 0.0
     logged = trainer.state.log_history[-1]
     # Every single-completion group counts as zero-std (as TRL); reward_std is the std over the whole eval batch.
     assert logged["eval_frac_reward_zero_std"] == 1.0
-    assert math.isfinite(logged["eval_reward"]) and math.isfinite(logged["eval_reward_std"])
+    values = torch.tensor(returned)  # one eval batch of 3 single-completion groups
+    assert logged["eval_reward"] == pytest.approx(values.mean().item())
+    assert logged["eval_reward_std"] == pytest.approx(values.std().item())
+
+
+def test_evaluation_does_not_replace_the_training_completions_table(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """The table printed at the next training log shows training completions, not the last eval batch (with
+    num_iterations=2 the next step generates nothing new)."""
+    args = GRPOConfig(**grpo_kwargs, log_completions=True, num_iterations=2, num_generations_eval=2)
+    eval_dataset = Dataset.from_dict({"prompt": ["eval prompt"] * 2})
+    trainer = GRPOTrainer(
+        tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset, eval_dataset=eval_dataset
+    )
+    trainer.train()
+    table = trainer._last_completions
+    assert len(table["prompt"]) == 8 and set(table["prompt"]) <= set(arithmetic_dataset["prompt"])
+    trainer.evaluate()
+    assert trainer._last_completions is table
+
+
+def test_eval_prompts_come_in_trls_seeded_order(tiny_lm_path, grpo_kwargs):
+    """The eval sampler shuffles with `seed` like TRL 1.16's: the order below was recorded from TRL 1.16.0's
+    `GRPOTrainer.evaluate()` on these 10 prompts with seed=3, num_generations_eval=2, and is the same at every call."""
+    dataset = Dataset.from_dict({"prompt": [f"{i}+1=" for i in range(10)]})
+    args = GRPOConfig(**{**grpo_kwargs, "seed": 3}, num_generations_eval=2, per_device_eval_batch_size=4)
+    trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=dataset, eval_dataset=dataset)
+    sampler = trainer._get_eval_sampler(dataset)
+    trl_order = [6, 0, 3, 7, 8, 5, 1, 9, 2, 4]
+    assert list(sampler) == [i for i in trl_order for _ in range(2)]
+    assert list(sampler) == list(trainer._get_eval_sampler(dataset))
 
 
 def test_eval_batch_must_divide_by_num_generations_eval(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
@@ -182,17 +213,28 @@ def test_chat_template_kwargs_and_unique_prompts(tiny_lm_path, grpo_kwargs):
 
 
 def test_pad_to_multiple_of_pads_and_masks(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    losses = {}
+    """Padding is invisible: the same completions, reference log-probs and gradient as without it (the loss itself
+    is ≈ 0 on-policy, so it would not show a difference)."""
+    runs = {}
     for multiple in (None, 8):
-        args = GRPOConfig(**{**grpo_kwargs, "pad_to_multiple_of": multiple, "beta": 0.0})
+        args = GRPOConfig(**{**grpo_kwargs, "pad_to_multiple_of": multiple, "beta": 0.1})
         trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
         trainer.train()
-        losses[multiple] = last_log_with(trainer, "loss")["loss"]
         batch = trainer._buffered_inputs[0]
+        prompt, mask = batch["prompt_ids"], batch["completion_mask"].bool()
+        runs[multiple] = {
+            "grad_norm": last_log_with(trainer, "grad_norm")["grad_norm"],
+            "prompts": [ids[m.bool()].tolist() for ids, m in zip(prompt, batch["prompt_mask"])],
+            "completions": [ids[m].tolist() for ids, m in zip(batch["completion_ids"], mask)],
+            "ref": batch["ref_per_token_logps"][mask],
+        }
         if multiple:
-            assert batch["prompt_ids"].size(1) == 8 and batch["completion_ids"].size(1) == 8
+            assert prompt.size(1) == 8 and batch["completion_ids"].size(1) == 8
             assert batch["completion_mask"][:, 4:].eq(0).all()  # max_completion_length=4: the rest is padding
-    assert losses[8] == pytest.approx(losses[None], rel=1e-5, abs=1e-7)
+    padded, plain = runs[8], runs[None]
+    assert padded["prompts"] == plain["prompts"] and padded["completions"] == plain["completions"]
+    assert torch.allclose(padded["ref"], plain["ref"], atol=1e-5)
+    assert padded["grad_norm"] > 0 and padded["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
 
 
 def test_trust_remote_code_reaches_every_load(tiny_lm_path, tiny_rm_path, arithmetic_dataset, grpo_kwargs):
@@ -224,6 +266,27 @@ def test_trust_remote_code_reaches_every_load(tiny_lm_path, tiny_rm_path, arithm
         ("AutoTokenizer", True),
     ]
     assert len(calls) == 4  # policy, its tokenizer, reward model, its tokenizer
+
+
+def test_tokenizers_are_loaded_from_the_models_revision(tiny_lm_path, tiny_rm_path, arithmetic_dataset, grpo_kwargs):
+    """`model_init_kwargs={"revision": ...}` (the CLI's `--model_revision`): the policy's and the reward model's
+    tokenizers come from the same revision as the weights, as in TRL; a reward model passed as an object gets None."""
+    calls = []
+    original = AutoTokenizer.from_pretrained
+
+    def from_pretrained(path, *args, **kwargs):
+        calls.append((path, kwargs.get("revision")))
+        return original(path, *args, **kwargs)
+
+    reward_model = AutoModelForSequenceClassification.from_pretrained(tiny_rm_path, num_labels=1)
+    with mock.patch.object(AutoTokenizer, "from_pretrained", from_pretrained):
+        GRPOTrainer(
+            tiny_lm_path,
+            [tiny_rm_path, reward_model, first_token_reward],
+            args=GRPOConfig(**grpo_kwargs, model_init_kwargs={"revision": "v2"}),
+            train_dataset=arithmetic_dataset,
+        )
+    assert calls == [(tiny_lm_path, "v2"), (tiny_rm_path, "v2"), (tiny_rm_path, None)]
 
 
 # ---------------------------------------------------------------- missing inputs

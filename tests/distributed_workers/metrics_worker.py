@@ -21,8 +21,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 
-def prompt_reward(prompts, **kwargs):
-    """1.0 for the first prompt, 3.0 for the second: constant within each group."""
+def prompt_reward(prompts, log_extra, log_metric, **kwargs):
+    """1.0 for the first prompt, 3.0 for the second: constant within each group. Rank 0 alone logs a column of the
+    completions table; each rank logs its rank as a metric (logged: their mean)."""
+    rank = dist.get_rank()
+    if rank == 0:
+        log_extra("rank", [rank] * len(prompts))
+    log_metric("rank_metric", float(rank))
     return [1.0 if p == "1+1=" else 3.0 for p in prompts]
 
 
@@ -79,11 +84,13 @@ def main() -> None:
         disable_tqdm=True,
         logging_steps=1,
         seed=0,
+        log_completions=True,
     )
     dataset = Dataset.from_dict({"prompt": ["1+1=", "2+3="]})  # one generation batch: both prompts
     trainer = GRPOTrainer(model=model_dir, reward_funcs=prompt_reward, args=args, train_dataset=dataset)
     trainer.train()
     logged = trainer.state.log_history[0]
+    table = {k: v for k, v in trainer._last_completions.items() if k in ("prompt", "rank")}  # rank 0 only
 
     rank = dist.get_rank()
     trainer.model.train()
@@ -97,7 +104,7 @@ def main() -> None:
     trainer.compute_loss(trainer.model, handmade_micro_batch(rank))
     handmade = {key: values[-1] for key, values in trainer._metrics["train"].items()}
 
-    result = {"logged": logged, "handmade": handmade, "world_size": dist.get_world_size()}
+    result = {"logged": logged, "handmade": handmade, "table": table, "world_size": dist.get_world_size()}
     with open(os.path.join(out_dir, f"metrics_rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()

@@ -89,16 +89,31 @@ def load_reference_state(tensors: dict[str, torch.Tensor], checkpoint: str, file
         return json.load(f)
 
 
-def save_generation_buffer(folder: str, rank: int, step: int, inputs: list[dict]) -> None:
-    """Keep this process's micro-batches of the generation batch a checkpoint cut, and the micro-step reached."""
+def save_generation_buffer(folder: str, rank: int, step: int, inputs: list[dict], num_processes: int = 1) -> None:
+    """Keep this process's micro-batches of the generation batch a checkpoint cut, the micro-step reached and the
+    number of processes that shared the batch."""
     os.makedirs(folder, exist_ok=True)
-    torch.save({"step": step, "inputs": inputs}, os.path.join(folder, GENERATION_BUFFER_FILE.format(rank=rank)))
+    state = {"step": step, "inputs": inputs, "num_processes": num_processes}
+    torch.save(state, os.path.join(folder, GENERATION_BUFFER_FILE.format(rank=rank)))
 
 
-def load_generation_buffer(checkpoint: str, rank: int, device: torch.device) -> tuple[int, list[dict]] | None:
-    """`(step, micro-batches)` saved by `save_generation_buffer`, or `None` when the checkpoint has none."""
+def load_generation_buffer(
+    checkpoint: str, rank: int, device: torch.device, num_processes: int = 1
+) -> tuple[int, list[dict]] | None:
+    """`(step, micro-batches)` saved by `save_generation_buffer`, or `None` when the checkpoint has none.
+
+    A buffer saved by a different number of processes is not used (with a warning): its slices do not match this
+    run's, and with more processes now, the ranks without a file would generate while the others do not, and wait
+    for each other forever. Every rank then regenerates the batch.
+    """
     path = os.path.join(checkpoint, GENERATION_BUFFER_FILE.format(rank=rank))
     if not os.path.exists(path):
         return None
     saved = torch.load(path, map_location=device, weights_only=True)
+    if saved.get("num_processes", num_processes) != num_processes:
+        logger.warning(
+            f"{path} was saved by {saved['num_processes']} processes and this run has {num_processes}: the rest of "
+            "the cut generation batch is generated again, so the resumed run is not bit-identical."
+        )
+        return None
     return saved["step"], saved["inputs"]

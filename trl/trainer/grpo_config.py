@@ -64,7 +64,7 @@ class GRPOConfig(TrainingArguments):
             must be divisible by it.
         num_generations_eval (`int` or `None`, *optional*):
             Group size for evaluation (1 is allowed: every completion is then its own group, with advantage 0 and
-            reward std 0). `None` uses `num_generations`. The global eval batch (`per_device_eval_batch_size ×
+            a group std of 0). `None` uses `num_generations`. The global eval batch (`per_device_eval_batch_size ×
             num_processes`) must be divisible by it.
         max_completion_length (`int`, *optional*, defaults to `512`):
             Maximum number of tokens per completion.

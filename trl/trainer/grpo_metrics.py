@@ -58,8 +58,8 @@ def frac_reward_zero_std(rewards: torch.Tensor, num_generations: int, scale_rewa
         num_generations: G.
         scale_rewards: `"group"`, `"batch"` or `"none"`.
     """
-    if scale_rewards == "batch":
-        std = nanstd(rewards).expand(rewards.numel())
+    if scale_rewards == "batch":  # a batch of one completion has no spread, as TRL counts it
+        std = nanstd(rewards).expand(rewards.numel()) if rewards.numel() > 1 else torch.zeros_like(rewards)
     elif num_generations == 1:  # single-completion groups (num_generations_eval=1): no spread, as TRL counts them
         std = torch.zeros_like(rewards)
     else:

@@ -21,6 +21,7 @@ from transformers.utils import logging
 
 from .grpo_config import MULTI_OBJECTIVE_AGGREGATIONS
 from .grpo_losses import group_advantages
+from .grpo_metrics import frac_reward_zero_std
 
 
 logger = logging.get_logger(__name__)
@@ -65,8 +66,8 @@ def load_reward_funcs(
     """Turn the trainer's `reward_funcs` / `reward_processing_classes` / `reward_weights` into aligned lists.
 
     Paths are loaded as one-label sequence-classification reward models with `model_init_kwargs` (which carries
-    `trust_remote_code`); a reward model without a tokenizer gets the one saved next to it, and its pad token id is
-    set from that tokenizer.
+    `trust_remote_code`); a reward model without a tokenizer gets the one saved next to it (from the same
+    `revision` when the model was loaded from a path), and its pad token id is set from that tokenizer.
 
     Returns:
         `(funcs, names, processing_classes, weights)`: `weights` is an `(F,)` float32 tensor (all ones by default).
@@ -82,6 +83,8 @@ def load_reward_funcs(
         )
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     model_init_kwargs = model_init_kwargs or {}
+    # A reward model loaded from a path gets its tokenizer from the same revision.
+    revisions = [model_init_kwargs.get("revision") if isinstance(f, str) else None for f in funcs]
     funcs = [
         AutoModelForSequenceClassification.from_pretrained(f, num_labels=1, **model_init_kwargs)
         if isinstance(f, str)
@@ -108,7 +111,9 @@ def load_reward_funcs(
         if isinstance(func, PreTrainedModel):
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(
-                    func.config._name_or_path, trust_remote_code=model_init_kwargs.get("trust_remote_code", False)
+                    func.config._name_or_path,
+                    revision=revisions[i],
+                    trust_remote_code=model_init_kwargs.get("trust_remote_code", False),
                 )
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
@@ -339,14 +344,7 @@ def aggregate_rewards(
     if multi_objective_aggregation == "sum_then_normalize":
         advantages = group_advantages(weighted, num_generations, scale_rewards, valid)
     elif multi_objective_aggregation == "normalize_then_sum":
-        normalised = torch.stack(
-            [
-                group_advantages(column.nan_to_num(0.0), num_generations, "group", ~torch.isnan(column))
-                for column in rewards_per_func.unbind(dim=1)
-            ],
-            dim=1,
-        )
-        summed = (normalised * reward_weights.to(normalised).unsqueeze(0)).sum(dim=1)
+        summed = normalized_sum(rewards_per_func, reward_weights, num_generations).nan_to_num(0.0)
         advantages = group_advantages(summed, summed.numel(), "group", valid)  # the whole batch as one group
     else:
         raise ValueError(
@@ -354,6 +352,53 @@ def aggregate_rewards(
             f"{multi_objective_aggregation!r}."
         )
     return advantages, weighted.masked_fill(~valid, float("nan")), valid
+
+
+def normalized_sum(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """GDPO's combined reward (arXiv 2601.05242): each reward normalised within its group, (r_k − mean) /
+    (std + 1e-4) over the completions it scored, then weighted and summed.
+
+    Args:
+        rewards_per_func: `(N, F)` float tensor, NaN for `None`.
+        reward_weights: `(F,)` float tensor.
+        num_generations: G.
+
+    Returns:
+        `(N,)` float tensor; NaN where no function scored the completion.
+    """
+    normalised = torch.stack(
+        [
+            group_advantages(column.nan_to_num(0.0), num_generations, "group", ~torch.isnan(column))
+            for column in rewards_per_func.unbind(dim=1)
+        ],
+        dim=1,
+    )
+    summed = (normalised * reward_weights.to(normalised).unsqueeze(0)).sum(dim=1)
+    return summed.masked_fill(torch.isnan(rewards_per_func).all(dim=1), float("nan"))
+
+
+def zero_std_fraction(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    num_generations: int,
+    scale_rewards: str = "group",
+    multi_objective_aggregation: str = "sum_then_normalize",
+) -> float:
+    """The logged `frac_reward_zero_std`, from the rewards whose std scales the advantages: the weighted sum per
+    group (or over the batch with `scale_rewards="batch"`) for `"sum_then_normalize"`; the batch of GDPO combined
+    rewards (`normalized_sum`) for `"normalize_then_sum"`, where groups that are constant in every reward give 1.
+
+    Args:
+        rewards_per_func: `(N, F)` float tensor, NaN for `None`.
+        reward_weights: `(F,)` float tensor.
+        num_generations: G.
+        scale_rewards: `"group"`, `"batch"` or `"none"` (sum-then-normalise only).
+        multi_objective_aggregation: `"sum_then_normalize"` or `"normalize_then_sum"`.
+    """
+    if multi_objective_aggregation == "normalize_then_sum":
+        return frac_reward_zero_std(normalized_sum(rewards_per_func, reward_weights, num_generations), 1, "batch")
+    weighted, valid = combine_rewards(rewards_per_func, reward_weights)
+    return frac_reward_zero_std(weighted.masked_fill(~valid, float("nan")), num_generations, scale_rewards)
 
 
 def reward_metrics(rewards_per_func: torch.Tensor, names: list[str], rewards: torch.Tensor) -> dict[str, float]:
@@ -406,20 +451,22 @@ class RewardLogHooks:
 
         Every process must call this (it gathers); column and metric names are gathered first and walked in sorted
         order, so processes that logged different names stay aligned. A process that did not log a column fills it
-        with `None`.
+        with `None`. Each column is gathered as one list per process and checked after the gather, so that every
+        process raises together (a process raising alone would leave the others waiting in the next gather).
 
         Raises:
-            ValueError: if a column does not have one value per local completion.
+            ValueError: if a column does not have one value per completion on some process.
         """
         columns = {}
         for column in sorted(set(gather_object(sorted(self.extra)))):
-            values = self.extra.get(column, [None] * num_completions)
-            if len(values) != num_completions:
+            per_process = gather_object([self.extra.get(column, [None] * num_completions)])
+            lengths = [len(values) for values in per_process]
+            if any(length != num_completions for length in lengths):
                 raise ValueError(
-                    f"log_extra column {column!r} got {len(values)} values for {num_completions} completions: log "
-                    "one value per completion, once per batch."
+                    f"log_extra column {column!r} got {lengths} values (per process) for {num_completions} "
+                    "completions each: log one value per completion, once per batch."
                 )
-            columns[column] = gather_object(values)
+            columns[column] = [value for values in per_process for value in values]
         metrics = {}
         for name in sorted(set(gather_object(sorted(self.metrics)))):
             values = self.metrics.get(name, [])

@@ -75,7 +75,6 @@ from .grpo_losses import (
 )
 from .grpo_metrics import (
     completion_length_metrics,
-    frac_reward_zero_std,
     loss_metrics,
     reward_std,
     window_mean,
@@ -90,6 +89,7 @@ from .grpo_rewards import (
     is_async_reward_func,
     load_reward_funcs,
     reward_metrics,
+    zero_std_fraction,
 )
 from .grpo_scoring import (
     cast_lm_head_to_fp32,
@@ -251,9 +251,11 @@ class GRPOTrainer(Trainer):
             if args.gradient_checkpointing:  # frozen embeddings: let checkpointed blocks still see a grad input
                 model.enable_input_require_grads()
             model = get_peft_model(model, peft_config)
-        if processing_class is None:
+        if processing_class is None:  # same revision as the model (model_init_kwargs only apply to a path)
             processing_class = AutoTokenizer.from_pretrained(
-                model.config._name_or_path, trust_remote_code=args.trust_remote_code
+                model.config._name_or_path,
+                revision=_model_init_kwargs(args).get("revision"),
+                trust_remote_code=args.trust_remote_code,
             )
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
@@ -386,10 +388,8 @@ class GRPOTrainer(Trainer):
             seed=self.args.seed,
         )
 
-    def _get_eval_sampler(self, eval_dataset) -> Sampler:
-        return RepeatSampler(
-            eval_dataset, mini_repeat_count=self.num_generations_eval, shuffle=False, seed=self.args.seed
-        )
+    def _get_eval_sampler(self, eval_dataset) -> Sampler:  # seeded shuffle: TRL's eval prompt order
+        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, seed=self.args.seed)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         self._step, self._buffered_inputs = None, None
@@ -399,7 +399,12 @@ class GRPOTrainer(Trainer):
         if checkpoint:
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
-            saved = load_generation_buffer(checkpoint, self.accelerator.process_index, self.accelerator.device)
+            rank, world, device = (
+                self.accelerator.process_index,
+                self.accelerator.num_processes,
+                self.accelerator.device,
+            )
+            saved = load_generation_buffer(checkpoint, rank, device, world)
             self._step, self._buffered_inputs = saved or (None, None)
             if self.reward_model_refresh is not None:
                 self.reward_model_refresh.load(checkpoint)
@@ -415,7 +420,8 @@ class GRPOTrainer(Trainer):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self._buffered_inputs is not None and self._step % (self.args.steps_per_generation * self.num_iterations):
-            save_generation_buffer(folder, self.accelerator.process_index, self._step, self._buffered_inputs)
+            rank, world = self.accelerator.process_index, self.accelerator.num_processes
+            save_generation_buffer(folder, rank, self._step, self._buffered_inputs, world)
         if self.reward_model_refresh is not None:
             self.reward_model_refresh.save(folder, self.args.should_save)
         if self.sync_callback is not None:
@@ -614,9 +620,9 @@ class GRPOTrainer(Trainer):
             metrics[key].append(value)
         scored = torch.where(valid, rewards, torch.full_like(rewards, float("nan")))
         metrics["reward_std"].append(reward_std(scored))
-        std_scope = "batch" if args.multi_objective_aggregation == "normalize_then_sum" else args.scale_rewards
-        metrics["frac_reward_zero_std"].append(frac_reward_zero_std(scored, group_size, std_scope))
-        if args.log_completions:
+        zero_std = zero_std_fraction(rewards_per_func, weights, group_size, args.scale_rewards, aggregation)
+        metrics["frac_reward_zero_std"].append(zero_std)
+        if args.log_completions and mode == "train":  # printed at training logs: never an eval batch
             prompts_all, completions_all = gather_object(prompts), gather_object(completions_text)
             table = {"prompt": prompts_all, "completion": completions_all, "reward": rewards.tolist(), **extra_columns}
             table = completions_table({**table, "advantage": advantages.tolist()}, args.log_unique_prompts)
