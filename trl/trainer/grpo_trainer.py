@@ -42,6 +42,7 @@ from ..models.utils import (
 )
 from .callbacks import SyncRefModelCallback
 from .grpo_config import GRPOConfig
+from .grpo_generation import sample_completions
 from .grpo_losses import (
     aggregate_loss,
     clipped_surrogate,
@@ -297,6 +298,7 @@ class GRPOTrainer(Trainer):
             pad_token_id=processing_class.pad_token_id,
             eos_token_id=processing_class.eos_token_id,
             bos_token_id=processing_class.bos_token_id,
+            cache_implementation=args.cache_implementation,
             disable_compile=True,
         )
         self.generation_config = GenerationConfig(**{**generation_kwargs, **(args.generation_kwargs or {})})
@@ -613,14 +615,10 @@ class GRPOTrainer(Trainer):
         with unwrap_model_for_generation(
             self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
         ) as policy:
-            was_training = policy.training
-            policy.eval()  # use the KV cache even with gradient checkpointing
             with torch.no_grad(), self._sampling_rng(mode):
-                sequences = policy.generate(
-                    input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.generation_config
+                completion_ids = sample_completions(
+                    policy, prompt_ids, prompt_mask, self.generation_config, args.generation_implementation
                 )
-            policy.train(was_training)
-        completion_ids = sequences[:, prompt_ids.size(1) :]
         eos_ids = self.generation_config.eos_token_id
         full_mask = completion_mask(completion_ids, eos_ids)  # the tokens of each completion
         terminated = torch.isin(completion_ids, torch.as_tensor(eos_ids, device=device).reshape(-1)).any(dim=1)
