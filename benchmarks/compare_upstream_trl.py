@@ -367,6 +367,11 @@ def main() -> None:
         "--grid", default=None, help="one GRPOConfig field and its values, e.g. max_completion_length=16,32,64"
     )
     parser.add_argument("--impls", default="ours,upstream", help="ours,upstream or one of them")
+    parser.add_argument(
+        "--ours_kwargs",
+        default="{}",
+        help='extra GRPOConfig fields for ours only (JSON), e.g. \'{"generation_implementation": "generate"}\'',
+    )
     parser.add_argument("--json", default=None, help="also write every step time here")
     parser.add_argument("--worker", choices=["ours", "upstream"], help=argparse.SUPPRESS)
     parser.add_argument("--model_dir", help=argparse.SUPPRESS)
@@ -399,7 +404,8 @@ def main() -> None:
             for impl in order:
                 python = sys.executable if impl == "ours" else args.upstream_python
                 start = time.perf_counter()
-                r = _run_worker(python, impl, model_dir, args.steps, c, args.threads, train)
+                extra = json.loads(args.ours_kwargs) if impl == "ours" else {}
+                r = _run_worker(python, impl, model_dir, args.steps, c, args.threads, {**train, **extra})
                 results[(impl, c, label)].append(r)
                 meta[impl] = r
                 kept = r["times"][args.warmup :]
@@ -422,6 +428,8 @@ def main() -> None:
         print(
             f"- {impl}: trl {r['trl_version']} ({r['trl_path']}), torch {r['torch']}, transformers {r['transformers']}"
         )
+    if args.ours_kwargs != "{}":
+        print(f"- ours also got {args.ours_kwargs}")
     print(f"- load average (1/5/15 min) before: {load_before}, after: {_load()}, on {os.cpu_count()} CPUs")
     print()
     print(
