@@ -7,21 +7,32 @@ Upstream TRL must live in its own virtual environment so that the two `trl` pack
     /tmp/trl-upstream/bin/pip install torch==2.13.0          # pin torch: the CPU wheel, not a CUDA build
     /tmp/trl-upstream/bin/pip install trl transformers accelerate datasets
 
-then, with the Python where this package is installed:
+then, with the Python where this package is installed (upstream's Python defaults to /opt/trl-upstream/bin/python or
+/tmp/trl-upstream/bin/python, whichever exists):
 
-    python benchmarks/compare_upstream_trl.py                  # ~40 steps × 2 configs × 2 implementations × 3 repeats
-    python benchmarks/compare_upstream_trl.py --upstream_python /path/to/venv/bin/python --steps 40 --repeats 3
+    python benchmarks/compare_upstream_trl.py                  # the issue-10 config: 3 alternating runs each
+    python benchmarks/compare_upstream_trl.py --grid max_completion_length=16,32,64 --repeats 1
+    python benchmarks/compare_upstream_trl.py --grid num_generations=4,8,16 --repeats 1
+    python benchmarks/compare_upstream_trl.py --preset tiny --configs none,every
+    python benchmarks/compare_upstream_trl.py --impls ours --ours_kwargs '{"generation_implementation": "generate"}'
 
-The tiny model folder is built once (with `trl.models.tiny.build_tiny_causal_lm`) and loaded by both. Each run is a
+Presets: `issue10` (default) is a 3.1M-parameter Qwen2 (hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate
+704) generating 16 completions of 32 tokens per step (2 prompts × 8) with a soft sync (α = 0.6) every 4 steps; `tiny`
+is a 64-wide 2-layer Qwen2 generating 64 completions of 8 tokens per step, with no sync or a sync every step.
+
+The model folder is built once (with `trl.models.tiny.build_tiny_causal_lm`) and loaded by both. Each run is a
 fresh subprocess: ours under this interpreter, upstream's under `--upstream_python`. The worker (this same file, run
 with `--worker`) imports nothing but `trl` (whichever the interpreter has), transformers, datasets and torch, and uses
 only the public `GRPOConfig`/`GRPOTrainer` API; the dataset and the reward function are defined here, in plain Python.
-Runs alternate ours/upstream within each repeat to spread machine noise over both.
+Both run with the same number of torch threads (`--threads`, default 1). Runs alternate ours/upstream within each
+repeat to spread machine noise over both.
 
-Columns: the median over all kept steps of all runs (wall), their std, the best (lowest) per-run median, the per-run
-medians, and the median process CPU time per step. On a machine shared with other work, the wall time of this tiny
-model's many small ops is dominated by waiting for descheduled threads (10× swings between runs are possible); the
-best-run median and the CPU time are then the more trustworthy comparisons.
+Columns: the median wall time per step over all kept steps of all runs, the per-run medians, the median process CPU
+time per step, the ratios, and the step broken into parts (median CPU ms per step). The parts are timed from outside:
+the worker wraps methods of the trainer instance (`_calculate_rewards`, the per-token log-prob method, `_prepare_inputs`,
+`training_step`, the sync callback's `on_step_end`) and transformers' `generate`, and never edits either package. On a
+machine shared with other work, wall times of this small model's many small ops swing by several × between runs;
+compare CPU times there.
 
 Settings that cannot be made identical (the implementations differ, not the config):
 - upstream has no `max_prompt_length` (it stopped truncating prompts); ours gets 512. The prompts here are ~4 tokens,
