@@ -53,8 +53,8 @@ def sample_completions(
     for another cache, or when the prompts are not left-padded.
 
     Args:
-        model: a causal LM (or a PEFT model around one); put in eval mode for the call, then restored. Call under
-            `torch.no_grad()`.
+        model: a causal LM (or a PEFT model around one); put in eval mode for the call, then restored. Runs under
+            `torch.inference_mode()` (`torch.no_grad()` for ZeRO-3 or DTensor parameters).
         prompt_ids, prompt_mask: `(N, P)` left-padded prompts and their attention mask.
         generation_config: passed to `generate` unchanged.
         implementation: one of `GENERATION_IMPLEMENTATIONS`.
