@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from .grpo_config import GENERATION_IMPLEMENTATIONS
+from .ref_sync import PLAIN, ZERO3, tensor_layout
 
 
 ENTRY_POINT = "sample_completions"  # the name the trainer calls (benchmarks time it)
@@ -50,7 +51,8 @@ def sample_completions(
     `generate`'s own. Completions follow the same distribution; the prefix keys/values come from a smaller batch,
     so they can differ from the unshared ones in the last float bits. It falls back to `"generate"` when there is
     nothing to share (all prompts distinct, one-token prompts), when `generation_config.cache_implementation` asks
-    for another cache, or when the prompts are not left-padded.
+    for another cache, when the prompts are not left-padded, or under DeepSpeed ZeRO-3 (whose forward hooks would
+    re-partition the weights gathered for generation).
 
     Args:
         model: a causal LM (or a PEFT model around one); put in eval mode for the call, then restored. Runs under
@@ -69,13 +71,18 @@ def sample_completions(
         raise ValueError(
             f"generation_implementation must be one of {GENERATION_IMPLEMENTATIONS}, got {implementation!r}."
         )
+    layouts = {tensor_layout(p) for p in model.parameters()}
+    zero3, sharded = ZERO3 in layouts, layouts != {PLAIN}
+    # ZeRO-3: a forward before `generate` would hand the weights gathered for generation back to their partitions
+    share = implementation == "shared_prefix" and generation_config.cache_implementation is None and not zero3
     was_training = model.training
     model.eval()  # dropout off, and the KV cache is used even with gradient checkpointing
     try:
-        with _inference_context(model):
-            cache = None
-            if implementation == "shared_prefix" and generation_config.cache_implementation is None:
-                cache = shared_prefix_cache(model, prompt_ids, prompt_mask)
+        # inference mode: no autograd bookkeeping at all (~7 % less CPU time in `generate` for a small model, same
+        # kernels and tokens); sharded parameters keep `no_grad`, as their gather/reshard hooks write tensors that
+        # must stay usable outside inference mode
+        with torch.no_grad() if sharded else torch.inference_mode():
+            cache = shared_prefix_cache(model, prompt_ids, prompt_mask) if share else None
             kwargs = {} if cache is None else {"cache": cache}
             sequences = model.generate(
                 input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config, **kwargs
@@ -85,23 +92,13 @@ def sample_completions(
     return sequences[:, prompt_ids.size(1) :].clone()  # a normal tensor: training may save it for backward
 
 
-def _inference_context(model: torch.nn.Module):
-    """`torch.inference_mode()` (no autograd bookkeeping at all: ~7 % less CPU time in `generate` for a small model,
-    same kernels, same tokens) for plain parameters; `torch.no_grad()` for DeepSpeed ZeRO-3 or DTensor (FSDP2)
-    parameters, whose gather/reshard hooks write tensors that must stay usable outside inference mode."""
-    from torch.distributed.tensor import DTensor
-
-    sharded = any(hasattr(p, "ds_id") or isinstance(p, DTensor) for p in model.parameters())
-    return torch.no_grad() if sharded else torch.inference_mode()
-
-
 def shared_prefix_cache(
     model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
 ) -> DynamicCache | None:
     """The KV cache of every prompt row but its last token, computed once per distinct prompt.
 
     Args:
-        model: a causal LM (or a PEFT model around one); call under `torch.no_grad()`.
+        model: a causal LM (or a PEFT model around one) in eval mode; call without gradients.
         prompt_ids, prompt_mask: `(N, P)` left-padded prompts and their attention mask.
 
     Returns:
