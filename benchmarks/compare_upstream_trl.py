@@ -7,21 +7,32 @@ Upstream TRL must live in its own virtual environment so that the two `trl` pack
     /tmp/trl-upstream/bin/pip install torch==2.13.0          # pin torch: the CPU wheel, not a CUDA build
     /tmp/trl-upstream/bin/pip install trl transformers accelerate datasets
 
-then, with the Python where this package is installed:
+then, with the Python where this package is installed (upstream's Python defaults to /opt/trl-upstream/bin/python or
+/tmp/trl-upstream/bin/python, whichever exists):
 
-    python benchmarks/compare_upstream_trl.py                  # ~40 steps × 2 configs × 2 implementations × 3 repeats
-    python benchmarks/compare_upstream_trl.py --upstream_python /path/to/venv/bin/python --steps 40 --repeats 3
+    python benchmarks/compare_upstream_trl.py                  # the issue-10 config: 3 alternating runs each
+    python benchmarks/compare_upstream_trl.py --grid max_completion_length=16,32,64 --repeats 1
+    python benchmarks/compare_upstream_trl.py --grid num_generations=4,8,16 --repeats 1
+    python benchmarks/compare_upstream_trl.py --preset tiny --configs none,every
+    python benchmarks/compare_upstream_trl.py --impls ours --ours_kwargs '{"generation_implementation": "generate"}'
 
-The tiny model folder is built once (with `trl.models.tiny.build_tiny_causal_lm`) and loaded by both. Each run is a
+Presets: `issue10` (default) is a 3.1M-parameter Qwen2 (hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate
+704) generating 16 completions of 32 tokens per step (2 prompts × 8) with a soft sync (α = 0.6) every 4 steps; `tiny`
+is a 64-wide 2-layer Qwen2 generating 64 completions of 8 tokens per step, with no sync or a sync every step.
+
+The model folder is built once (with `trl.models.tiny.build_tiny_causal_lm`) and loaded by both. Each run is a
 fresh subprocess: ours under this interpreter, upstream's under `--upstream_python`. The worker (this same file, run
 with `--worker`) imports nothing but `trl` (whichever the interpreter has), transformers, datasets and torch, and uses
 only the public `GRPOConfig`/`GRPOTrainer` API; the dataset and the reward function are defined here, in plain Python.
-Runs alternate ours/upstream within each repeat to spread machine noise over both.
+Both run with the same number of torch threads (`--threads`, default 1). Runs alternate ours/upstream within each
+repeat to spread machine noise over both.
 
-Columns: the median over all kept steps of all runs (wall), their std, the best (lowest) per-run median, the per-run
-medians, and the median process CPU time per step. On a machine shared with other work, the wall time of this tiny
-model's many small ops is dominated by waiting for descheduled threads (10× swings between runs are possible); the
-best-run median and the CPU time are then the more trustworthy comparisons.
+Columns: the median wall time per step over all kept steps of all runs, the per-run medians, the median process CPU
+time per step, the ratios, and the step broken into parts (median CPU ms per step). The parts are timed from outside:
+the worker wraps methods of the trainer instance (`_calculate_rewards`, the per-token log-prob method, `_prepare_inputs`,
+`training_step`, the sync callback's `on_step_end`) and transformers' `generate`, and never edits either package. On a
+machine shared with other work, wall times of this small model's many small ops swing by several × between runs;
+compare CPU times there.
 
 Settings that cannot be made identical (the implementations differ, not the config):
 - upstream always computes per-token entropies in the loss forward (for its logged metrics) and scores tokens with
@@ -94,6 +105,27 @@ COMMON = dict(
     data_seed=0,
     model_init_kwargs={"dtype": "float32"},
 )
+# Model shape and per-step work. `tiny`: the original comparison. `issue10`: a 3.1M-parameter Qwen2 generating 16
+# completions of 32 tokens per step (2 prompts × 8) with a soft reference sync every 4 steps.
+PRESETS = {
+    "tiny": dict(
+        model=dict(hidden_size=64, num_layers=2),
+        train=dict(per_device_train_batch_size=64, num_generations=8, max_completion_length=8),
+        configs="none,every",
+    ),
+    "issue10": dict(
+        model=dict(hidden_size=256, num_layers=4, intermediate_size=704, num_attention_heads=4, num_key_value_heads=2),
+        train=dict(per_device_train_batch_size=16, num_generations=8, max_completion_length=32),
+        configs="soft4",
+    ),
+}
+SYNC_CONFIGS = {  # name -> (sync_ref_model, ref_model_sync_steps)
+    "none": (False, 1),
+    "every": (True, 1),
+    "soft4": (True, 4),
+}
+# The parts of a step timed from outside (see `_install_part_timers`); "other" is the rest of the step.
+PARTS = ("generate", "reward", "ref_old_logps", "prepare_rest", "fwd_bwd", "optimizer", "sync", "other")
 OURS_ONLY = {}  # ours-only fields keep their defaults (max_prompt_length=None: whole prompts, as upstream)
 UPSTREAM_ONLY = dict(
     use_vllm=False,
@@ -153,25 +185,42 @@ def _worker(args) -> None:
             out.append(max(0.0, 1.0 - abs(int(m.group(1)[:6]) - int(expected)) / 10.0) if m else 0.0)
         return out
 
+    parts = _PartClock()
+
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.times, self.cpu_times, self._start, self._cpu_start = [], [], None, None
+            self.parts = []  # per step: {part: (wall s, CPU s)}
 
         def on_step_begin(self, args, state, control, **kwargs):
+            parts.reset()
             self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            parts.start("optimizer")
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            parts.stop("optimizer")
+
         def on_step_end(self, args, state, control, **kwargs):
-            self.times.append(time.perf_counter() - self._start)
-            self.cpu_times.append(time.process_time() - self._cpu_start)
+            wall, cpu = time.perf_counter() - self._start, time.process_time() - self._cpu_start
+            self.times.append(wall)
+            self.cpu_times.append(cpu)
+            self.parts.append(parts.breakdown(wall, cpu))
 
     kwargs = dict(COMMON)
     kwargs.update(OURS_ONLY if args.worker == "ours" else UPSTREAM_ONLY)
-    kwargs.update(output_dir=tempfile.mkdtemp(), max_steps=args.steps, sync_ref_model=bool(args.sync))
+    kwargs.update(json.loads(args.train_kwargs))
+    sync, sync_steps = SYNC_CONFIGS[args.sync]
+    kwargs.update(
+        output_dir=tempfile.mkdtemp(), max_steps=args.steps, sync_ref_model=sync, ref_model_sync_steps=sync_steps
+    )
     config = GRPOConfig(**kwargs)
     trainer = GRPOTrainer(model=args.model_dir, reward_funcs=[digit_reward], args=config, train_dataset=dataset)
     timer = StepTimer()
     trainer.add_callback(timer)  # after the trainer's own callbacks: the reference sync (on_step_end) is timed
     trainer.remove_callback(PrinterCallback)
+    _install_part_timers(trainer, parts, args.worker)
     trainer.train()
     result = dict(
         impl=args.worker,
@@ -181,18 +230,99 @@ def _worker(args) -> None:
         transformers=transformers.__version__,
         datasets=datasets.__version__,
         threads=torch.get_num_threads(),
-        sync=bool(args.sync),
+        sync=args.sync,
         times=timer.times,
         cpu_times=timer.cpu_times,
+        parts=timer.parts,
     )
     with open(args.out, "w") as f:
         json.dump(result, f)
 
 
+class _PartClock:
+    """Wall and CPU seconds spent in named parts of one step; a part re-entered while running counts once."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.totals, self._open = {}, {}
+
+    def start(self, name):
+        depth, *begin = self._open.get(name, (0, None, None))
+        self._open[name] = (depth + 1, *(begin if depth else (time.perf_counter(), time.process_time())))
+
+    def stop(self, name):
+        depth, wall, cpu = self._open[name]
+        if depth > 1:
+            self._open[name] = (depth - 1, wall, cpu)
+            return
+        del self._open[name]
+        w, c = self.totals.get(name, (0.0, 0.0))
+        self.totals[name] = (w + time.perf_counter() - wall, c + time.process_time() - cpu)
+
+    def wrap(self, name, fn, when=None):
+        def timed(*a, **k):
+            if when is not None and not when():
+                return fn(*a, **k)
+            self.start(name)
+            try:
+                return fn(*a, **k)
+            finally:
+                self.stop(name)
+
+        return timed
+
+    def breakdown(self, wall, cpu):
+        """{part: (wall, cpu)} with the nested parts taken out of their parents and "other" = the rest."""
+        t = {name: self.totals.get(name, (0.0, 0.0)) for name in ("generate", "reward", "ref_old_logps")}
+        prepare = self.totals.get("prepare", (0.0, 0.0))
+        t["prepare_rest"] = tuple(prepare[i] - sum(v[i] for v in t.values()) for i in (0, 1))
+        training = self.totals.get("training_step", (0.0, 0.0))
+        t["fwd_bwd"] = (training[0] - prepare[0], training[1] - prepare[1])
+        t["optimizer"] = self.totals.get("optimizer", (0.0, 0.0))
+        t["sync"] = self.totals.get("sync", (0.0, 0.0))
+        t["other"] = tuple(total - sum(v[i] for v in t.values()) for i, total in enumerate((wall, cpu)))
+        return t
+
+
+def _install_part_timers(trainer, parts: _PartClock, impl: str) -> None:
+    """Time the parts of a step by wrapping methods of this trainer instance (and `generate`), never editing `trl`.
+
+    generate: `GenerationMixin.generate` (both; upstream's plain transformers path) and, for ours, the generation
+    module's entry point when there is one; reward: `_calculate_rewards`; ref_old_logps: the per-token log-prob
+    method when called without gradients; prepare: `_prepare_inputs`; training_step: `training_step`; sync: the
+    reference-sync callback's `on_step_end`; optimizer: from `on_pre_optimizer_step` to `on_optimizer_step`.
+    """
+    import torch
+    import transformers
+
+    generation_mixin = transformers.GenerationMixin
+    generation_mixin.generate = parts.wrap("generate", generation_mixin.generate)
+    if impl == "ours":
+        try:
+            from trl.trainer import grpo_generation, grpo_trainer
+
+            name = grpo_generation.ENTRY_POINT
+            setattr(grpo_trainer, name, parts.wrap("generate", getattr(grpo_trainer, name)))
+        except ImportError:
+            pass
+    logps = "_get_per_token_logps" if impl == "ours" else "_get_per_token_logps_and_entropies"
+    setattr(
+        trainer, logps, parts.wrap("ref_old_logps", getattr(trainer, logps), when=lambda: not torch.is_grad_enabled())
+    )
+    trainer._calculate_rewards = parts.wrap("reward", trainer._calculate_rewards)
+    trainer._prepare_inputs = parts.wrap("prepare", trainer._prepare_inputs)
+    trainer.training_step = parts.wrap("training_step", trainer.training_step)
+    for callback in trainer.callback_handler.callbacks:
+        if type(callback).__name__ == "SyncRefModelCallback":
+            callback.on_step_end = parts.wrap("sync", callback.on_step_end)
+
+
 # ----------------------------------------------------------------------------------------------------- orchestrator
 
 
-def _run_worker(python: str, impl: str, model_dir: str, steps: int, sync: bool, threads: int) -> dict:
+def _run_worker(python: str, impl: str, model_dir: str, steps: int, sync: str, threads: int, train: dict) -> dict:
     out = tempfile.mktemp(suffix=".json")
     env = dict(
         os.environ,
@@ -204,22 +334,8 @@ def _run_worker(python: str, impl: str, model_dir: str, steps: int, sync: bool, 
     env.pop("PYTHONPATH", None)  # never let upstream's interpreter see our `trl`
     if impl == "ours":  # this checkout, even if the editable install of `trl` points at another one
         env["PYTHONPATH"] = REPO_ROOT
-    cmd = [
-        python,
-        HERE,
-        "--worker",
-        impl,
-        "--model_dir",
-        model_dir,
-        "--steps",
-        str(steps),
-        "--sync",
-        str(int(sync)),
-        "--threads",
-        str(threads),
-        "--out",
-        out,
-    ]
+    cmd = [python, HERE, "--worker", impl, "--model_dir", model_dir, "--steps", str(steps), "--sync", sync]
+    cmd += ["--threads", str(threads), "--train_kwargs", json.dumps(train), "--out", out]
     # cwd outside the repository, so that upstream's interpreter cannot find our `trl` through the current directory
     proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -231,114 +347,135 @@ def _run_worker(python: str, impl: str, model_dir: str, steps: int, sync: bool, 
     return result
 
 
+def _parse_grid(text: str | None) -> list[tuple[str, dict]]:
+    """`"max_completion_length=16,32,64"` -> one labelled override per value; no grid -> the preset alone."""
+    if not text:
+        return [("", {})]
+    key, values = text.split("=", 1)
+    return [(f"{key}={v}", {key: json.loads(v)}) for v in values.split(",")]
+
+
+def _load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--upstream_python", default="/tmp/trl-upstream/bin/python")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=5, help="steps dropped from the start of every run")
+    default_upstream = next(
+        (p for p in ("/opt/trl-upstream/bin/python", "/tmp/trl-upstream/bin/python") if os.path.exists(p)),
+        "/tmp/trl-upstream/bin/python",
+    )
+    parser.add_argument("--upstream_python", default=default_upstream)
+    parser.add_argument("--preset", default="issue10", choices=sorted(PRESETS))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=4, help="steps dropped from the start of every run")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in both implementations")
+    parser.add_argument("--configs", default=None, help="comma-separated sync configs: none, every, soft4 (τ=4)")
     parser.add_argument(
-        "--configs", default="none,every", help="comma-separated: none (no sync), every (sync each step)"
+        "--grid", default=None, help="one GRPOConfig field and its values, e.g. max_completion_length=16,32,64"
+    )
+    parser.add_argument("--impls", default="ours,upstream", help="ours,upstream or one of them")
+    parser.add_argument(
+        "--ours_kwargs",
+        default="{}",
+        help='extra GRPOConfig fields for ours only (JSON), e.g. \'{"generation_implementation": "generate"}\'',
     )
     parser.add_argument("--json", default=None, help="also write every step time here")
     parser.add_argument("--worker", choices=["ours", "upstream"], help=argparse.SUPPRESS)
     parser.add_argument("--model_dir", help=argparse.SUPPRESS)
-    parser.add_argument("--sync", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--sync", default="none", help=argparse.SUPPRESS)
+    parser.add_argument("--train_kwargs", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return _worker(args)
 
-    if not os.path.exists(args.upstream_python):
+    impls = [i.strip() for i in args.impls.split(",")]
+    if "upstream" in impls and not os.path.exists(args.upstream_python):
         raise SystemExit(f"{args.upstream_python} not found: create the upstream venv first (see the docstring).")
     sys.path.insert(0, REPO_ROOT)  # this checkout's `trl`
     from trl.models.tiny import build_tiny_causal_lm
     from trl.tasks import arithmetic_corpus
 
-    model_dir = build_tiny_causal_lm(
-        tempfile.mkdtemp(prefix="tiny-qwen2-"), corpus=arithmetic_corpus(), hidden_size=64, num_layers=2
-    )
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    runs = {(impl, c): [] for impl in ("ours", "upstream") for c in configs}
-    cpu_runs = {(impl, c): [] for impl in ("ours", "upstream") for c in configs}
+    preset = PRESETS[args.preset]
+    model_dir = build_tiny_causal_lm(tempfile.mkdtemp(prefix="qwen2-"), corpus=arithmetic_corpus(), **preset["model"])
+    configs = [c.strip() for c in (args.configs or preset["configs"]).split(",") if c.strip()]
+    cases = [
+        (c, label, {**preset["train"], **override}) for c in configs for label, override in _parse_grid(args.grid)
+    ]
+    results = {(impl, c, label): [] for impl in impls for c, label, _ in cases}
     meta = {}
-    load_before = os.getloadavg()
+    load_before = _load()
     for rep in range(args.repeats):
-        for c in configs:
-            order = ("ours", "upstream") if rep % 2 == 0 else ("upstream", "ours")
+        for c, label, train in cases:
+            order = impls if rep % 2 == 0 else impls[::-1]
             for impl in order:
                 python = sys.executable if impl == "ours" else args.upstream_python
                 start = time.perf_counter()
-                r = _run_worker(python, impl, model_dir, args.steps, c == "every", args.threads)
-                kept = r["times"][args.warmup :]
-                runs[(impl, c)].append(kept)
-                cpu_runs[(impl, c)].append(r["cpu_times"][args.warmup :])
+                extra = json.loads(args.ours_kwargs) if impl == "ours" else {}
+                r = _run_worker(python, impl, model_dir, args.steps, c, args.threads, {**train, **extra})
+                results[(impl, c, label)].append(r)
                 meta[impl] = r
+                kept = r["times"][args.warmup :]
                 print(
-                    f"repeat {rep + 1}/{args.repeats} sync={c:<5} {impl:<8} median {statistics.median(kept):.4f} s/step "
-                    f"({len(kept)} steps kept, run {time.perf_counter() - start:.0f} s)",
+                    f"repeat {rep + 1}/{args.repeats} sync={c:<5} {label} {impl:<8} median "
+                    f"{statistics.median(kept):.4f} s/step, CPU {statistics.median(r['cpu_times'][args.warmup :]):.4f} "
+                    f"({len(kept)} steps kept, run {time.perf_counter() - start:.0f} s, load {_load()})",
                     flush=True,
                 )
 
-    load_after = os.getloadavg()
-    m = meta["ours"]
+    shape = ", ".join(f"{k} {v}" for k, v in preset["model"].items())
+    train = ", ".join(f"{k} {v}" for k, v in preset["train"].items())
     print(
-        f"\nGRPO step, tiny Qwen2 (64-wide, 2 layers), fp32, CPU, {m['threads']} threads, 64 completions/step "
-        f"(8 prompts × 8), max_completion_length 8, beta 0.04, loss dapo; {args.steps} steps/run, first "
-        f"{args.warmup} dropped, {args.repeats} runs/implementation/config, alternating order"
+        f"\nGRPO step, preset {args.preset}: Qwen2 ({shape}), fp32, CPU, {args.threads} torch thread(s); {train}; "
+        f"beta 0.04, loss dapo, num_iterations 1; {args.steps} steps/run, first {args.warmup} dropped, "
+        f"{args.repeats} runs/implementation/case, alternating order"
     )
-    for impl in ("ours", "upstream"):
+    for impl in impls:
         r = meta[impl]
         print(
-            f"- {impl}: trl {r['trl_version']} ({r['trl_path']}), torch {r['torch']}, transformers {r['transformers']}, "
-            f"datasets {r['datasets']}"
+            f"- {impl}: trl {r['trl_version']} ({r['trl_path']}), torch {r['torch']}, transformers {r['transformers']}"
         )
-    print(
-        f"- load average (1 min) before/after: {load_before[0]:.2f} / {load_after[0]:.2f} on {os.cpu_count()} CPUs. Wall "
-        "times of small CPU ops balloon when other processes compete for the cores (thread hand-offs wait for a "
-        "descheduled thread), so on a busy machine trust 'best run' and 'CPU s/step' more than the pooled median."
-    )
+    if args.ours_kwargs != "{}":
+        print(f"- ours also got {args.ours_kwargs}")
+    print(f"- load average (1/5/15 min) before: {load_before}, after: {_load()}, on {os.cpu_count()} CPUs")
     print()
     print(
-        "| implementation | version | ref sync | s/step median | std | best run median | per-run medians | CPU s/step median "
-        "| ratio ours/upstream (median, best run, CPU) |"
+        "| case | implementation | s/step median (wall) | per-run medians | CPU s/step median | ratio ours/upstream "
+        "(wall, CPU) | " + " | ".join(f"{p} ms" for p in PARTS) + " |"
     )
-    print("|---|---|---|---:|---:|---:|---|---:|---:|")
-    for c in configs:
-        stats = {}
-        for impl in ("ours", "upstream"):
-            pooled = [t for run in runs[(impl, c)] for t in run]
-            cpu = [t for run in cpu_runs[(impl, c)] for t in run]
-            medians = [statistics.median(run) for run in runs[(impl, c)]]
-            stats[impl] = dict(
-                median=statistics.median(pooled),
-                std=statistics.pstdev(pooled),
-                best=min(medians),
-                per_run=", ".join(f"{x:.4f}" for x in medians),
-                cpu=statistics.median(cpu),
-            )
-        for impl in ("ours", "upstream"):
-            s = stats[impl]
-            if impl == "ours":
-                u = stats["upstream"]
-                ratio = f"{s['median'] / u['median']:.2f}, {s['best'] / u['best']:.2f}, {s['cpu'] / u['cpu']:.2f}"
-            else:
-                ratio = "1, 1, 1"
-            label = "every step" if c == "every" else "none"
+    print("|---|---|---:|---|---:|---:|" + "---:|" * len(PARTS))
+    stats = {}
+    for key, runs in results.items():
+        kept = [r["times"][args.warmup :] for r in runs]
+        cpu = [t for r in runs for t in r["cpu_times"][args.warmup :]]
+        steps = [s for r in runs for s in r["parts"][args.warmup :]]
+        stats[key] = dict(
+            wall=statistics.median([t for run in kept for t in run]),
+            per_run=", ".join(f"{statistics.median(run):.4f}" for run in kept),
+            cpu=statistics.median(cpu),
+            parts={p: statistics.median(s[p][1] for s in steps) * 1e3 for p in PARTS},  # CPU ms
+        )
+    for c, label, _ in cases:
+        for impl in impls:
+            s = stats[(impl, c, label)]
+            u = stats.get(("upstream", c, label))
+            ratio = f"{s['wall'] / u['wall']:.2f}, {s['cpu'] / u['cpu']:.2f}" if u and impl == "ours" else "-"
             print(
-                f"| {impl} | {meta[impl]['trl_version']} | {label} | {s['median']:.4f} | {s['std']:.4f} | {s['best']:.4f} "
-                f"| {s['per_run']} | {s['cpu']:.4f} | {ratio} |"
+                f"| sync={c} {label} | {impl} {meta[impl]['trl_version']} | {s['wall']:.4f} | {s['per_run']} | "
+                f"{s['cpu']:.4f} | {ratio} | " + " | ".join(f"{s['parts'][p]:.1f}" for p in PARTS) + " |"
             )
+    print(
+        "\nParts (median CPU ms per step): generate = sampling the completions; reward = reward functions; "
+        "ref_old_logps = reference (and old-policy) log-probs without gradients; prepare_rest = the rest of the "
+        "batch preparation (tokenise, decode, advantages, metrics); fwd_bwd = the loss forward and backward; "
+        "optimizer = optimizer.step; sync = the reference-sync callback; other = the rest of the step "
+        "(gradient clipping, scheduler, callbacks)."
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "wall": {f"{impl}/{c}": v for (impl, c), v in runs.items()},
-                    "cpu": {f"{impl}/{c}": v for (impl, c), v in cpu_runs.items()},
-                },
-                f,
-            )
+            json.dump({"/".join(k): v for k, v in results.items()}, f)
 
 
 if __name__ == "__main__":

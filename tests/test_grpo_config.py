@@ -21,6 +21,7 @@ def base(tmp_path):
 TRL_1_16_DEFAULTS = {
     "beta": 0.0,
     "bf16": None,
+    "cache_implementation": None,
     "cast_lm_head_to_fp32": False,
     "chat_template_kwargs": None,
     "delta": None,
@@ -101,8 +102,10 @@ TRL_1_16_DEFAULTS = {
     "vllm_structured_outputs_regex": None,
     "vllm_tensor_parallel_size": 1,
 }
-# Ours only: the opt-in prompt cut, the per-epoch sync strategy and Algorithm 1's reward-model refresh.
+# Ours only: the generation path, the opt-in prompt cut, the per-epoch sync strategy and Algorithm 1's reward-model
+# refresh.
 OUR_ONLY_DEFAULTS = {
+    "generation_implementation": "shared_prefix",
     "max_prompt_length": None,
     "ref_model_sync_strategy": "steps",
     "reward_model_update_steps": None,

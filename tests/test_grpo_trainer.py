@@ -542,7 +542,7 @@ def test_mask_truncated_completions_leaves_only_terminated_ones(tiny_lm_path, ar
     eos = trainer.processing_class.eos_token_id
     completions = torch.tensor([[5, eos, eos, eos], [5, 6, 7, 8], [eos, eos, eos, eos], [9, 9, eos, eos]] * 2)
 
-    def fixed_generate(input_ids, attention_mask, generation_config):
+    def fixed_generate(input_ids, attention_mask, generation_config, **kwargs):  # kwargs: the shared-prefix cache
         return torch.cat([input_ids, completions], dim=1)
 
     trainer.model.generate = fixed_generate

@@ -17,6 +17,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 SYNC_STRATEGIES = ("steps", "epoch")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 REWARD_MODEL_LOSS_TYPES = ("pointwise", "pairwise")
+GENERATION_IMPLEMENTATIONS = ("shared_prefix", "generate")
 
 
 @dataclass
@@ -101,6 +102,12 @@ class GRPOConfig(TrainingArguments):
         chat_template_kwargs (`dict[str, Any]` or `None`, *optional*):
             Extra keyword arguments for `apply_chat_template` when conversational prompts are rendered (for the
             policy and for reward models), e.g. `{"enable_thinking": False}`.
+        cache_implementation (`str` or `None`, *optional*):
+            KV-cache implementation for `generate` (e.g. `"static"`); `None` uses transformers' dynamic cache.
+        generation_implementation (`str`, *optional*, defaults to `"shared_prefix"`):
+            How completions are sampled. `"shared_prefix"`: prefill each distinct prompt once and copy its KV cache
+            to its `num_generations` rows, then `generate`; `"generate"`: `generate` on the repeated prompts, as TRL
+            does. Both sample from the same distribution; see "Generation paths" in the docs.
 
         > Parameters that control the loss
 
@@ -324,6 +331,16 @@ class GRPOConfig(TrainingArguments):
     chat_template_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata={"help": "Extra apply_chat_template keyword arguments, e.g. enable_thinking."}
     )
+    cache_implementation: str | None = field(
+        default=None, metadata={"help": "KV-cache implementation for generate (e.g. 'static'); None: dynamic."}
+    )
+    generation_implementation: str = field(
+        default="shared_prefix",
+        metadata={
+            "help": "'shared_prefix' (prefill each distinct prompt once, share its KV cache) or 'generate'.",
+            "choices": GENERATION_IMPLEMENTATIONS,
+        },
+    )
 
     # Loss
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate."})
@@ -507,6 +524,11 @@ class GRPOConfig(TrainingArguments):
             errors.append(f"epsilon and epsilon_high must be > 0 (got {self.epsilon}, {self.epsilon_high}).")
         if self.temperature <= 0:
             errors.append(f"temperature must be > 0 (got {self.temperature}).")
+        if self.generation_implementation not in GENERATION_IMPLEMENTATIONS:
+            errors.append(
+                f"generation_implementation must be one of {', '.join(GENERATION_IMPLEMENTATIONS)} "
+                f"(got {self.generation_implementation!r})."
+            )
         if self.loss_type not in LOSS_TYPES:
             errors.append(f"loss_type must be one of {', '.join(LOSS_TYPES)} (got {self.loss_type!r}).")
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:

@@ -53,6 +53,7 @@ from .grpo_checkpoint import (  # noqa: F401 (file names re-exported for tests a
     save_reference_state,
 )
 from .grpo_config import GRPOConfig
+from .grpo_generation import sample_completions
 from .grpo_inputs import (
     derived_seed,
     ends_with_stop,
@@ -315,6 +316,7 @@ class GRPOTrainer(Trainer):
             pad_token_id=processing_class.pad_token_id,
             eos_token_id=self.eos_token_ids,
             bos_token_id=processing_class.bos_token_id,
+            cache_implementation=args.cache_implementation,
             disable_compile=True,
         )
         self.generation_config = GenerationConfig(**{**generation_kwargs, **(args.generation_kwargs or {})})
@@ -542,14 +544,10 @@ class GRPOTrainer(Trainer):
         with unwrap_model_for_generation(
             self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
         ) as policy:
-            was_training = policy.training
-            policy.eval()  # use the KV cache even with gradient checkpointing
             with torch.no_grad(), self._sampling_rng(mode):
-                sequences = policy.generate(
-                    input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.generation_config
+                completion_ids = sample_completions(
+                    policy, prompt_ids, prompt_mask, self.generation_config, args.generation_implementation
                 )
-            policy.train(was_training)
-        completion_ids = sequences[:, prompt_ids.size(1) :]
         full_mask = completion_mask(completion_ids, self.eos_token_ids)  # the tokens of each completion
         terminated = ends_with_stop(completion_ids, full_mask, [*self.eos_token_ids, tokenizer.pad_token_id])
         mask = (

@@ -1,0 +1,172 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""The generation paths sample from the distribution plain `generate` samples from (trl/trainer/grpo_generation.py)."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.grpo_generation import sample_completions, shared_prefix_cache, unique_prompt_rows
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_lm_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
+    return model, tokenizer
+
+
+def _prompts(tokenizer, texts, repeats):
+    """Left-padded prompts of different lengths, each repeated `repeats` times in a row (as GRPO batches them)."""
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    return encoded["input_ids"].repeat_interleave(repeats, 0), encoded["attention_mask"].repeat_interleave(repeats, 0)
+
+
+def _config(tokenizer, max_new_tokens, **sampling):
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        disable_compile=True,
+        **{"temperature": 1.0, "top_p": 1.0, "top_k": 0, **sampling},
+    )
+
+
+def test_unique_prompt_rows_numbers_prompts_by_first_appearance():
+    ids = torch.tensor([[0, 5], [0, 6], [0, 5], [7, 8], [0, 6]])
+    mask = torch.tensor([[0, 1], [0, 1], [0, 1], [1, 1], [0, 1]])
+    first, inverse = unique_prompt_rows(ids, mask)
+    assert first.tolist() == [0, 1, 3]
+    assert inverse.tolist() == [0, 1, 0, 2, 1]
+    same_ids_other_mask = unique_prompt_rows(torch.tensor([[0, 5], [0, 5]]), torch.tensor([[0, 1], [1, 1]]))
+    assert same_ids_other_mask[0].tolist() == [0, 1]
+
+
+def test_shared_prefix_cache_is_the_unshared_cache(lm):
+    model, tokenizer = lm
+    ids, mask = _prompts(tokenizer, ["1+2=", "13+4+5="], repeats=3)
+    with torch.no_grad():
+        shared = shared_prefix_cache(model, ids, mask)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        full = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1]).cache
+    assert shared.get_seq_length() == ids.size(1) - 1
+    real = mask[:, :-1].bool()  # padded positions hold keys nobody attends to
+    for layer_shared, layer_full in zip(shared.layers, full.layers):
+        for a, b in ((layer_shared.keys, layer_full.keys), (layer_shared.values, layer_full.values)):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a.transpose(1, 2)[real], b.transpose(1, 2)[real], atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prefix_cache_is_none_when_there_is_nothing_to_share(lm):
+    model, tokenizer = lm
+    ids, mask = _prompts(tokenizer, ["1+2=", "13+4="], repeats=1)
+    assert shared_prefix_cache(model, ids, mask) is None  # all prompts distinct
+    assert shared_prefix_cache(model, ids[:, -1:].repeat(2, 1), mask[:, -1:].repeat(2, 1)) is None  # one token
+    right_padded = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    assert shared_prefix_cache(model, ids[:1, :3].repeat(2, 1), right_padded) is None
+
+
+def _expected_first_token_probs(model, ids, mask, temperature=1.0, top_k=0, top_p=1.0, min_p=None, penalty=1.0):
+    """The first-token distribution written out by hand: repetition penalty, temperature, top-k, top-p, min-p (the
+    order `generate` applies them in), for every row."""
+    with torch.no_grad():
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[:, -1].float()
+    if penalty != 1.0:
+        seen = torch.gather(logits, 1, ids)
+        logits = logits.scatter(1, ids, torch.where(seen < 0, seen * penalty, seen / penalty))
+    probs = (logits / temperature).softmax(-1)
+    # each filter sees the renormalised survivors of the previous ones
+    if top_k:
+        probs = _renormalised(probs, probs >= probs.topk(top_k, dim=-1).values[:, -1:])
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the strictly more likely tokens
+        probs = _renormalised(probs, torch.zeros_like(probs, dtype=torch.bool).scatter(1, order, before < top_p))
+    if min_p is not None:
+        probs = _renormalised(probs, probs >= min_p * probs.max(-1, keepdim=True).values)
+    return probs
+
+
+def _renormalised(probs, keep):
+    probs = torch.where(keep, probs, 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        dict(temperature=0.7),
+        dict(top_k=5),
+        dict(top_p=0.3),
+        dict(min_p=0.3),
+        dict(repetition_penalty=3.0),
+        dict(temperature=1.5, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
+    ],
+)
+@pytest.mark.parametrize("implementation", ["shared_prefix", "generate"])
+def test_first_token_frequencies_match_the_sampling_distribution(lm, sampling, implementation):
+    model, tokenizer = lm
+    n = 3000
+    ids, mask = _prompts(tokenizer, ["1+2=", "13+4+5="], repeats=n)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        first = sample_completions(model, ids, mask, _config(tokenizer, 1, **sampling), implementation)[:, 0]
+    names = {"repetition_penalty": "penalty"}
+    expected = _expected_first_token_probs(
+        model, ids[::n], mask[::n], **{names.get(k, k): v for k, v in sampling.items()}
+    )
+    for prompt in range(2):
+        counts = torch.bincount(first[prompt * n : (prompt + 1) * n], minlength=expected.size(1)).double()
+        p = expected[prompt].double()
+        assert counts[p == 0].sum() == 0, "a filtered-out token was sampled"
+        tolerance = 5 * (n * p * (1 - p)).sqrt() + 2  # 5 standard deviations of a binomial count
+        assert ((counts - n * p).abs() <= tolerance).all(), (counts - n * p).abs().max()
+
+
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=0.7, top_k=10), dict(top_p=0.8, min_p=0.05, repetition_penalty=1.5)]
+)
+def test_shared_prefix_draws_the_same_tokens_as_generate_with_several_eos_ids(lm, sampling):
+    model, tokenizer = lm
+    ids, mask = _prompts(tokenizer, ["1+2=", "13+4+5=", "7"], repeats=8)
+    config = _config(tokenizer, 8, **sampling)
+    with torch.no_grad():  # the likeliest next tokens, so that some rows stop early
+        frequent = model(input_ids=ids, attention_mask=mask).logits[:, -1].topk(2).indices.unique().tolist()
+    config.eos_token_id = [tokenizer.eos_token_id, *frequent]  # stop on any of them (several eos ids)
+    outputs = {}
+    for implementation in ("generate", "shared_prefix"):
+        torch.manual_seed(1)
+        with torch.no_grad():
+            outputs[implementation] = sample_completions(model, ids, mask, config, implementation)
+    assert torch.equal(outputs["generate"], outputs["shared_prefix"])  # same draws: the same tokens
+    completions = outputs["shared_prefix"]
+    is_eos = torch.isin(completions, torch.tensor(config.eos_token_id))
+    ended = is_eos.any(1)
+    assert ended.any() and completions.size(1) <= 8
+    after_eos = is_eos.long().cumsum(1) - is_eos.long() > 0  # positions after a row's first EOS
+    assert (completions[after_eos] == tokenizer.pad_token_id).all()
+
+
+def test_sample_completions_restores_training_mode_and_rejects_unknown_paths(lm):
+    model, tokenizer = lm
+    ids, mask = _prompts(tokenizer, ["1+2="], repeats=2)
+    model.train()
+    with torch.no_grad():
+        sample_completions(model, ids, mask, _config(tokenizer, 2), "shared_prefix")
+    assert model.training
+    model.eval()
+    with pytest.raises(ValueError, match=r"generation_implementation must be one of \('shared_prefix', 'generate'\)"):
+        sample_completions(model, ids, mask, _config(tokenizer, 2), "vllm")
+
+
+def test_generation_fields(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    args = GRPOConfig(**grpo_kwargs)
+    assert (args.generation_implementation, args.cache_implementation) == ("shared_prefix", None)
+    with pytest.raises(ValueError, match="generation_implementation must be one of shared_prefix, generate"):
+        GRPOConfig(**{**grpo_kwargs, "generation_implementation": "paged"})
+    args = GRPOConfig(**{**grpo_kwargs, "cache_implementation": "static"})
+    zero = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
+    trainer = GRPOTrainer(tiny_lm_path, zero, args=args, train_dataset=arithmetic_dataset)
+    assert trainer.generation_config.cache_implementation == "static"
