@@ -45,9 +45,12 @@ def test_demo_runs_and_reports(tmp_path):
 
 
 def test_demo_learns_to_echo_from_a_cold_start(tmp_path):
-    """200 of the demo's 400 steps, synced run only: accuracy over steps 151-200 is well above the 0.10 of chance."""
-    summary = _load_demo().main(["--output_dir", str(tmp_path), "--max_steps", "200", "--skip_fixed", "--no_plot"])
+    """The synced run of `make reproduce` (300 steps, seed 0): accuracy over steps 261-300 far above chance (0.10).
+
+    Measured 0.86 over its last 30 steps (docs/source/grpo_trainer.md, cold-start table).
+    """
+    summary = _load_demo().main(["--output_dir", str(tmp_path), "--max_steps", "300", "--skip_fixed", "--no_plot"])
     synced = summary["iterative"]
-    assert "fixed" not in summary and synced["num_syncs"] == 8
+    assert "fixed" not in summary and synced["num_syncs"] == 12 and synced["window"] == 40
     assert synced["initial_accuracy"] < 0.05  # a random model almost never starts with the right digit
-    assert synced["final_accuracy"] > 0.3
+    assert synced["final_accuracy"] > 0.6
