@@ -7,7 +7,7 @@ that same model with the same prompts and the same strong KL penalty (`--beta`),
 `<output_dir>/reward_kl.png` (accuracy and KL per step of both runs) and `<output_dir>/summary.json`. Also writes the
 prompts to `<output_dir>/prompts.jsonl`, so the same run works through `trl grpo` (printed at the end).
 
-    python examples/iterative_grpo_demo.py            # ~1 minute on 2 CPU cores
+    python examples/iterative_grpo_demo.py            # ~20 s on 2 idle CPU cores, minutes on busy ones
     python examples/iterative_grpo_demo.py --max_steps 10 --output_dir /tmp/demo
 """
 
