@@ -73,7 +73,9 @@ def parse_args(argv=None):
     parser.add_argument("--soft_alpha", type=float, default=0.6, help="α of the soft-sync arm")
     parser.add_argument("--learning_rate", type=float, default=2e-3)
     parser.add_argument("--final_fraction", type=float, default=0.1, help="share of the last steps averaged")
-    parser.add_argument("--workers", type=int, default=2, help="runs in parallel, one torch thread each")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="runs in parallel, one torch thread each; 1 runs them in this process"
+    )
     return parser.parse_args(argv)
 
 
@@ -151,7 +153,7 @@ def summarise(runs: list[dict], args) -> tuple[dict, str]:
     """Per (β, correction, arm): mean and std over seeds of the tail means, the per-seed values; the markdown table."""
     summary = {}
     lines = [
-        f"| β | KL correction | arm | final accuracy ({len(args.seeds)} seeds) | final KL | accuracy per seed |",
+        f"| β | KL correction | arm | final accuracy (n={len(args.seeds)}) | final KL | accuracy per seed |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for beta, correction in groups(args):
@@ -231,18 +233,24 @@ def main(argv=None) -> dict:
         (arm, beta, correction, seed) for seed in args.seeds for beta, correction in groups(args) for arm in args.arms
     ]
     runs = []
-    with concurrent.futures.ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_one, *job, args) for job in jobs]
-        for future in concurrent.futures.as_completed(futures):
-            run = future.result()
-            runs.append(run)
-            print(
-                f"[{time.time() - start:6.0f} s] {len(runs):>3}/{len(jobs)} β={run['beta']} correction "
-                f"{'on ' if run['correction'] else 'off'} {run['arm']:>5} seed {run['seed']}: final accuracy "
-                f"{tail_mean(run[ACCURACY], args.final_fraction):.3f}, KL {tail_mean(run['kl'], args.final_fraction):.3f} "
-                f"({run['train_seconds']} s)",
-                flush=True,
-            )
+    if args.workers == 1:  # in this process (also what lets a test load this file as a module)
+        finished = (run_one(*job, args) for job in jobs)
+    else:
+        pool = concurrent.futures.ProcessPoolExecutor(max_workers=args.workers)
+        finished = (
+            f.result() for f in concurrent.futures.as_completed([pool.submit(run_one, *j, args) for j in jobs])
+        )
+    for run in finished:
+        runs.append(run)
+        print(
+            f"[{time.time() - start:6.0f} s] {len(runs):>3}/{len(jobs)} β={run['beta']} correction "
+            f"{'on ' if run['correction'] else 'off'} {run['arm']:>5} seed {run['seed']}: final accuracy "
+            f"{tail_mean(run[ACCURACY], args.final_fraction):.3f}, KL {tail_mean(run['kl'], args.final_fraction):.3f} "
+            f"({run['train_seconds']} s)",
+            flush=True,
+        )
+    if args.workers != 1:
+        pool.shutdown()
     runs.sort(key=lambda r: (r["beta"], not r["correction"], args.arms.index(r["arm"]), r["seed"]))
     summary, table = summarise(runs, args)
     wall = time.time() - start

@@ -69,8 +69,10 @@ def demo_config(
         settings = dict(
             output_dir=output_dir,
             per_device_train_batch_size=64,  # completions per step: 8 prompts × 8
+            gradient_accumulation_steps=1,
             num_generations=8,
             max_completion_length=1,  # the answer is one token
+            mask_truncated_completions=False,  # a one-token completion has no room for EOS: keep it in the loss
             temperature=1.0,
             top_p=1.0,
             top_k=0,

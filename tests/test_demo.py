@@ -54,3 +54,35 @@ def test_demo_learns_to_echo_from_a_cold_start(tmp_path):
     assert "fixed" not in summary and synced["num_syncs"] == 12 and synced["window"] == 40
     assert synced["initial_accuracy"] < 0.05  # a random model almost never starts with the right digit
     assert synced["final_accuracy"] > 0.6
+
+
+def test_reproduction_grid_and_table(tmp_path):
+    """benchmarks/reproduce_cold_start.py, shortened: one run per (arm, correction), the table row by row."""
+    spec = importlib.util.spec_from_file_location(
+        "reproduce_cold_start", os.path.join(ROOT, "benchmarks", "reproduce_cold_start.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["--output_dir", str(tmp_path), "--plot", "", "--workers", "1", "--seeds", "0", "--arms", "fixed", "hard"]
+    results = module.main(
+        argv + ["--betas", "0.5", "--corrections", "true", "false", "--max_steps", "2", "--sync_steps", "1"]
+    )
+    runs = results["runs"]
+    assert [(r["arm"], r["correction"]) for r in runs] == [
+        ("fixed", True),
+        ("hard", True),
+        ("fixed", False),
+        ("hard", False),
+    ]
+    assert [r["num_syncs"] for r in runs] == [0, 2, 0, 2] and all(r["steps"] == [1, 2] for r in runs)
+    # Identical until the first sync (after step 1), whatever the correction: ρ = 1 in value on-policy.
+    assert len({r["rewards/accuracy_reward/mean"][0] for r in runs}) == 1 and len({r["kl"][0] for r in runs}) == 1
+    rows = results["table"].splitlines()
+    assert rows[0] == "| β | KL correction | arm | final accuracy (n=1) | final KL | accuracy per seed |"
+    assert [row.split(" | ")[:3] for row in rows[2:6]] == [
+        ["| 0.5", "on", "fixed reference"],
+        ["| 0.5", "on", "hard sync (α=1, τ=1)"],
+        ["| 0.5", "off", "fixed reference"],
+        ["| 0.5", "off", "hard sync (α=1, τ=1)"],
+    ]
+    assert rows[-1].endswith("a policy that ignores the prompt scores at most 0.10.")
