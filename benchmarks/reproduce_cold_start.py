@@ -9,7 +9,7 @@ model initialisation, the prompts and their order), several KL coefficients β, 
 mean over the last `--final_fraction` of its steps), writes every per-step curve to `<output_dir>/results.json` and
 plots the mean accuracy curves with ±std bands, one panel per (β, correction).
 
-    python benchmarks/reproduce_cold_start.py                 # 60 runs, ~8 minutes on 2 idle CPU cores
+    python benchmarks/reproduce_cold_start.py                 # 60 runs: ~4 min on 2 idle CPU cores, 9-14 busy
     python benchmarks/reproduce_cold_start.py --seeds 0 --betas 0.5 --corrections true --max_steps 50 --plot ''
 """
 
