@@ -43,6 +43,9 @@ def parse_args(argv=None):
     parser.add_argument("--beta", type=float, default=0.5, help="KL coefficient, strong on purpose")
     parser.add_argument("--learning_rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no_kl_correction", action="store_true", help="use_bias_correction_kl=False (TRL's default is True)"
+    )
     parser.add_argument("--skip_fixed", action="store_true", help="train only the iterative-GRPO run")
     parser.add_argument("--no_plot", action="store_true")
     return parser.parse_args(argv)
@@ -129,6 +132,7 @@ def train(model_dir: str, dataset, args, sync: bool) -> dict:
         seed=args.seed,
         alpha=args.alpha if sync else None,
         sync_steps=args.sync_steps,
+        use_bias_correction_kl=not args.no_kl_correction,
     )
     trainer = GRPOTrainer(model=model_dir, reward_funcs=accuracy_reward, args=config, train_dataset=dataset)
     trainer.remove_callback(ProgressCallback)
@@ -198,11 +202,13 @@ def main(argv=None) -> dict:
     runs = {"iterative": train(model_dir, dataset, args, sync=True)}
     if not args.skip_fixed:
         runs["fixed"] = train(model_dir, dataset, args, sync=False)
-    summary = {"chance_accuracy": chance, "beta": args.beta, "total_seconds": round(time.time() - start, 1)}
+    summary = {"chance_accuracy": chance, "beta": args.beta, "use_bias_correction_kl": not args.no_kl_correction}
+    summary["total_seconds"] = round(time.time() - start, 1)
     summary.update(runs)  # per run: the numbers printed below and its per-step curves ("history")
 
     window = runs["iterative"]["window"]
-    print(f"\n=== Iterative GRPO demo summary (β={args.beta}, {args.max_steps} steps) ===")
+    correction = "off" if args.no_kl_correction else "on"
+    print(f"\n=== Iterative GRPO demo summary (β={args.beta}, KL correction {correction}, {args.max_steps} steps) ===")
     print(f"reward = accuracy: 1 for the right digit, else 0; best prompt-blind answer: {chance:.3f}")
     print(f"{'':28}{'first ' + str(window) + ' steps':>16}{'last ' + str(window) + ' steps':>16}{'KL at end':>12}")
     for name, label in (("iterative", f"synced (α={args.alpha}, τ={args.sync_steps})"), ("fixed", "fixed reference")):
