@@ -1,5 +1,5 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Smoke run of the offline demo (examples/iterative_grpo_demo.py) with few steps."""
+"""The offline demo (examples/iterative_grpo_demo.py), shortened: what it reports, and that the skill is learnt."""
 
 import importlib.util
 import json
@@ -9,6 +9,7 @@ import pytest
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ACCURACY = "rewards/accuracy_reward/mean"
 
 
 def _load_demo():
@@ -22,14 +23,66 @@ def _load_demo():
 
 def test_demo_runs_and_reports(tmp_path):
     pytest.importorskip("matplotlib")
-    demo = _load_demo()
-    summary = demo.main(["--output_dir", str(tmp_path), "--max_steps", "6", "--sync_steps", "2"])
-    assert summary["steps"] == 6
-    assert summary["num_syncs"] == 3  # after steps 2, 4 and 6
-    assert 0.0 <= summary["initial_reward"] <= 2.0 and 0.0 <= summary["final_reward"] <= 2.0
-    assert summary["final_kl"] >= 0.0
+    summary = _load_demo().main(["--output_dir", str(tmp_path), "--max_steps", "6", "--sync_steps", "3"])
+    synced, fixed = summary["iterative"], summary["fixed"]
+    assert summary["chance_accuracy"] == 0.1 and summary["beta"] == 0.5
+    assert synced["steps"] == fixed["steps"] == 6
+    assert synced["num_syncs"] == 2 and fixed["num_syncs"] == 0  # after steps 3 and 6
+    assert synced["history"]["step"] == [1, 2, 3, 4, 5, 6]
+    # Same model, prompts and seed: the two runs are identical up to the first sync, then their references differ.
+    assert synced["history"][ACCURACY][:3] == fixed["history"][ACCURACY][:3]
+    assert synced["history"]["kl"][:3] == fixed["history"]["kl"][:3]
+    assert synced["history"]["kl"][0] < 1e-6  # policy == reference at the first step (up to rounding)
+    assert synced["history"]["kl"][3] != fixed["history"]["kl"][3]
+    for run in (synced, fixed):
+        assert 0.0 <= run["initial_accuracy"] <= 1.0 and run["final_reward"] == run["final_accuracy"]
     with open(tmp_path / "reward_kl.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((tmp_path / "summary.json").read_text())["num_syncs"] == 3
-    lines = (tmp_path / "prompts.jsonl").read_text().splitlines()
-    assert len(lines) == 1000 and set(json.loads(lines[0])) == {"prompt", "answer"}
+    assert json.loads((tmp_path / "summary.json").read_text())["iterative"]["num_syncs"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "prompts.jsonl").read_text().splitlines()]
+    assert len(rows) == 1000 and set(rows[0]) == {"prompt", "answer"}
+    assert all(row["prompt"] == row["answer"] + "=" for row in rows)
+
+
+def test_demo_learns_to_echo_from_a_cold_start(tmp_path):
+    """The synced run of `make reproduce` (300 steps, seed 0): accuracy over steps 261-300 far above chance (0.10).
+
+    Measured 0.86 over its last 30 steps (docs/source/grpo_trainer.md, cold-start table).
+    """
+    summary = _load_demo().main(["--output_dir", str(tmp_path), "--max_steps", "300", "--skip_fixed", "--no_plot"])
+    synced = summary["iterative"]
+    assert "fixed" not in summary and synced["num_syncs"] == 12 and synced["window"] == 40
+    assert synced["initial_accuracy"] < 0.05  # a random model almost never starts with the right digit
+    assert synced["final_accuracy"] > 0.6
+
+
+def test_reproduction_grid_and_table(tmp_path):
+    """benchmarks/reproduce_cold_start.py, shortened: one run per (arm, correction), the table row by row."""
+    spec = importlib.util.spec_from_file_location(
+        "reproduce_cold_start", os.path.join(ROOT, "benchmarks", "reproduce_cold_start.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["--output_dir", str(tmp_path), "--plot", "", "--workers", "1", "--seeds", "0", "--arms", "fixed", "hard"]
+    results = module.main(
+        argv + ["--betas", "0.5", "--corrections", "true", "false", "--max_steps", "2", "--sync_steps", "1"]
+    )
+    runs = results["runs"]
+    assert [(r["arm"], r["correction"]) for r in runs] == [
+        ("fixed", True),
+        ("hard", True),
+        ("fixed", False),
+        ("hard", False),
+    ]
+    assert [r["num_syncs"] for r in runs] == [0, 2, 0, 2] and all(r["steps"] == [1, 2] for r in runs)
+    # Identical until the first sync (after step 1), whatever the correction: ρ = 1 in value on-policy.
+    assert len({r["rewards/accuracy_reward/mean"][0] for r in runs}) == 1 and len({r["kl"][0] for r in runs}) == 1
+    rows = results["table"].splitlines()
+    assert rows[0] == "| β | KL correction | arm | final accuracy (n=1) | final KL | accuracy per seed |"
+    assert [row.split(" | ")[:3] for row in rows[2:6]] == [
+        ["| 0.5", "on", "fixed reference"],
+        ["| 0.5", "on", "hard sync (α=1, τ=1)"],
+        ["| 0.5", "off", "fixed reference"],
+        ["| 0.5", "off", "hard sync (α=1, τ=1)"],
+    ]
+    assert rows[-1].endswith("a policy that ignores the prompt scores at most 0.10.")

@@ -144,6 +144,7 @@ def test_shipped_example_yaml_parses():
     parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(["--config", path, "--max_steps", "7"])
     assert model_args.model_name_or_path == "demo_output/model"
-    assert script_args.reward_funcs == ["closeness_reward", "accuracy_reward"]
+    assert script_args.reward_funcs == ["accuracy_reward"]
+    assert training_args.beta == 0.5 and training_args.max_completion_length == 1
     assert training_args.sync_ref_model and training_args.ref_model_sync_steps == 25
     assert training_args.max_steps == 7  # the flag overrides the file

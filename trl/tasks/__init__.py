@@ -2,6 +2,14 @@
 """Small verifiable-reward tasks generated in code (no download), used by the demo, the CLI and the tests."""
 
 from .arithmetic import accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset
+from .echo import best_constant_accuracy, make_echo_dataset
 
 
-__all__ = ["accuracy_reward", "arithmetic_corpus", "closeness_reward", "make_arithmetic_dataset"]
+__all__ = [
+    "accuracy_reward",
+    "arithmetic_corpus",
+    "best_constant_accuracy",
+    "closeness_reward",
+    "make_arithmetic_dataset",
+    "make_echo_dataset",
+]
