@@ -142,6 +142,22 @@ def test_entropy_bonus_subtracts_the_mean_entropy(loss_trainer):
     assert loss.item() == pytest.approx(policy - 0.5 * entropy, rel=1e-5)
 
 
+def test_policy_loss_and_entropy_coef_metrics_as_trl_logs_them(loss_trainer):
+    """With the entropy bonus, TRL logs a token-sum type's (dapo, cispo, vespo) `policy_loss` in training as the
+    micro-batch's share of the step, i.e. divided by the accumulation steps, and `entropy_coef` only in training."""
+    trainer = loss_trainer(entropy_coef=0.5, loss_type="dapo")
+    trainer.current_gradient_accumulation_steps = 4  # what Trainer sets inside its training loop
+    batch = hand_made_batch(trainer)
+    dapo = (-1.0 * 3 + 2.0 * 1) / 4.0  # the sum of the per-token losses over num_items_in_batch = 4
+    trainer.compute_loss(trainer.model, batch)
+    assert trainer._metrics["train"]["policy_loss"] == [pytest.approx(dapo / 4, rel=1e-6)]
+    assert trainer._metrics["train"]["entropy_coef"] == [0.5]
+    trainer.model.eval()
+    trainer.compute_loss(trainer.model, batch)
+    assert trainer._metrics["eval"]["policy_loss"] == [pytest.approx(dapo, rel=1e-6)]
+    assert "entropy_coef" not in trainer._metrics["eval"]
+
+
 # ---------------------------------------------------------------- float32 LM head, MoE router loss
 
 
