@@ -220,6 +220,26 @@ def test_moe_router_aux_loss(coef, expected, tiny_lm_path, arithmetic_dataset, g
         assert logs[0]["aux_loss"] >= 1.0 - 1e-6
 
 
+def test_router_aux_loss_is_added_with_its_weight(loss_trainer, monkeypatch):
+    """loss = policy term + router_aux_loss_coef · aux_loss (transformers' Trainer then divides the whole loss by the
+    accumulation steps, as TRL divides each term); `aux_loss` is logged as is."""
+    import trl.trainer.grpo_trainer as module
+    from trl.trainer.grpo_scoring import Scores
+
+    trainer = loss_trainer()
+    batch = hand_made_batch(trainer)
+    logps = torch.zeros(2, 4, requires_grad=True)
+    aux = torch.tensor(1.25, requires_grad=True)
+    monkeypatch.setattr(module, "score_completions", lambda *args, **kwargs: Scores(logps, torch.ones(2, 4), aux))
+    trainer.router_aux_loss_coef, trainer.aux_loss_enabled = 0.02, True
+    loss = trainer.compute_loss(trainer.model, batch)
+    dapo = (-1.0 * 3 + 2.0 * 1) / 4.0  # on-policy ρ = 1: −Â per valid token over num_items_in_batch = 4
+    assert loss.item() == pytest.approx(dapo + 0.02 * 1.25, rel=1e-6)
+    loss.backward()
+    assert aux.grad.item() == pytest.approx(0.02)
+    assert trainer._metrics["train"]["aux_loss"] == [1.25]
+
+
 def test_router_aux_loss_settings(tiny_lm_path):
     model, _ = tiny_moe(tiny_lm_path)
     assert router_aux_loss_settings(model, None) == (0.02, True)  # the model config's value
