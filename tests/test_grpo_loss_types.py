@@ -300,3 +300,23 @@ def test_adaptive_entropy_trains_and_logs_the_coefficient(tiny_lm_path, arithmet
     assert changed
     assert [entry["entropy_coef"] for entry in logs] == pytest.approx([0.01, 0.02])
     assert trainer.entropy_control.last_entropy == pytest.approx(logs[-1]["entropy"], rel=1e-5)
+
+
+def test_adaptive_entropy_resumes_with_restore_callback_states(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """With `restore_callback_states_from_checkpoint=True`, Trainer replaces the coefficient callback by a restored
+    copy; the loss must use that copy (else it would restart from `entropy_coef` on resume)."""
+    kwargs = dict(use_adaptive_entropy=True, entropy_coef=0.0, entropy_coef_delta=0.01, entropy_target=100.0)
+    kwargs.update(restore_callback_states_from_checkpoint=True, save_strategy="steps", save_steps=1)
+    full, _, _ = train(tiny_lm_path, arithmetic_dataset, grpo_kwargs, **kwargs)
+    assert full.entropy_control.coef == pytest.approx(0.02)
+    resumed = GRPOTrainer(
+        tiny_lm_path,
+        first_token_reward,
+        args=GRPOConfig(
+            **{**grpo_kwargs, "gradient_accumulation_steps": 1, "steps_per_generation": 2, "max_steps": 2, **kwargs}
+        ),
+        train_dataset=arithmetic_dataset,
+    )
+    resumed.train(resume_from_checkpoint=f"{grpo_kwargs['output_dir']}/checkpoint-1")
+    assert resumed.entropy_control in resumed.callback_handler.callbacks
+    assert resumed.entropy_control.coef == pytest.approx(0.02)

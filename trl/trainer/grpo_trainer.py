@@ -430,6 +430,12 @@ class GRPOTrainer(Trainer):
             state, file = self.sync_callback.state_dict(), self._reference_file
             save_reference_state(self._reference_tensors(), folder, file, state, self.args.should_save)
 
+    def _load_callback_state(self) -> None:
+        # With `restore_callback_states_from_checkpoint`, Trainer swaps in a new EntropyCoefficient: use that one.
+        super()._load_callback_state()
+        restored = [cb for cb in self.callback_handler.callbacks if isinstance(cb, EntropyCoefficient)]
+        self.entropy_control = restored[0] if restored else self.entropy_control
+
     def _load_reference_state(self, checkpoint: str) -> None:
         state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file)
         if state is not None:
