@@ -1,11 +1,12 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Our GRPO loss against upstream TRL's on fixed tensors: value, gradient and logged metrics, for every loss type,
-both importance-sampling levels, the KL correction on and off, `delta`, off-policy masking, top-entropy masking and
-the entropy bonus.
+both importance-sampling levels, the KL correction on and off, `delta`, off-policy masking, top-entropy masking,
+the entropy bonus and the MoE router loss, with and without gradient accumulation.
 
 Each side runs its own trainer's loss method (`GRPOTrainer.compute_loss` here, `GRPOTrainer._compute_loss` in
-TRL 1.16) on a stub `self`, with the model forward replaced by fixed float64 log-probs and entropies, one process and
-no gradient accumulation. Upstream TRL must live in its own virtual environment (see compare_upstream_trl.py):
+TRL 1.16) on a stub `self`, with the model forward replaced by fixed float64 log-probs and entropies (and a stand-in
+router loss), on one process. Under accumulation our value is divided by the accumulation steps, as transformers'
+`Trainer` does before the backward pass (TRL divides inside its loss). Upstream TRL must live in its own virtual environment (see compare_upstream_trl.py):
 
     python benchmarks/compare_upstream_loss.py --upstream_python /opt/trl-upstream/bin/python
 
@@ -48,6 +49,8 @@ BASE = dict(
     entropy_coef_delta=0.005,
     entropy_target=0.2,
     max_completion_length=5,
+    gradient_accumulation_steps=1,  # also steps_per_generation: the generation batch is this many micro-batches
+    router_aux_loss_coef=None,  # a float: add a (stub) MoE router loss with this weight
 )
 CASES = {}
 for _loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"):
@@ -69,6 +72,16 @@ CASES.update(
         "sapo, other temperatures": dict(loss_type="sapo", sapo_temperature_pos=2.0, sapo_temperature_neg=0.5),
         "vespo, other k/lambda": dict(
             loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_pos=0.5, vespo_k_neg=4.0, vespo_lambda_neg=1.0
+        ),
+        "dapo+bonus+aux, accum 4": dict(gradient_accumulation_steps=4, entropy_coef=0.1, router_aux_loss_coef=0.02),
+        "grpo+bonus+aux, accum 4": dict(
+            loss_type="grpo", gradient_accumulation_steps=4, entropy_coef=0.1, router_aux_loss_coef=0.02
+        ),
+        "cispo+sequence+kl, accum 2": dict(
+            loss_type="cispo", importance_sampling_level="sequence", beta=0.1, gradient_accumulation_steps=2
+        ),
+        "luspo+sequence+bonus, accum 2": dict(
+            loss_type="luspo", importance_sampling_level="sequence", entropy_coef=0.1, gradient_accumulation_steps=2
         ),
     }
 )
@@ -107,15 +120,20 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
     """One loss evaluation through `trainer_cls`'s loss method on a stub trainer; returns loss, gradients, metrics."""
     t = fixed_tensors()
     logps, entropies = t["logps"].clone().requires_grad_(True), t["entropies"].clone().requires_grad_(True)
+    accumulation = config["gradient_accumulation_steps"]
+    aux_coef = config["router_aux_loss_coef"]
+    aux_loss = logps.square().mean() if aux_coef is not None else None  # a differentiable stand-in
     stub = types.SimpleNamespace(
-        args=types.SimpleNamespace(**config, steps_per_generation=1),
+        args=types.SimpleNamespace(**config, steps_per_generation=accumulation),
         accelerator=_SingleProcess(),
         model=types.SimpleNamespace(training=True),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         beta=config["beta"],
         loss_type=config["loss_type"],
         max_completion_length=config["max_completion_length"],
-        aux_loss_enabled=False,
+        aux_loss_enabled=aux_coef is not None,
+        router_aux_loss_coef=aux_coef,
+        current_gradient_accumulation_steps=accumulation,
         temperature=1.0,
     )
     inputs = {
@@ -125,12 +143,14 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
         "completion_mask": t["mask"],
         "advantages": t["advantages"],
         "old_per_token_logps": t["old"],
-        "num_items_in_batch": t["mask"].sum().double(),
+        # TRL counts the generation batch's tokens (here `accumulation` micro-batches like this one); we count them
+        # per process and micro-batch
+        "num_items_in_batch": t["mask"].sum().double() * (accumulation if upstream else 1),
     }
     if config["beta"] != 0.0:
         inputs["ref_per_token_logps"] = t["ref"]
     if upstream:
-        stub._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, None)
+        stub._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, aux_loss)
         stub.get_high_entropy_mask = types.MethodType(trainer_cls.get_high_entropy_mask, stub)
         stub.get_off_policy_mask, stub.get_gamma_weights = (
             trainer_cls.get_off_policy_mask,
@@ -142,7 +162,6 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
         stub.epsilon_high = config["epsilon"] if config["epsilon_high"] is None else config["epsilon_high"]
         stub.use_vllm = stub.vllm_importance_sampling_correction = False
         stub.use_adaptive_entropy = config["use_adaptive_entropy"]
-        stub.current_gradient_accumulation_steps = 1
         stub._entropy_bonus_enabled = config["entropy_coef"] != 0.0 or config["use_adaptive_entropy"]
         stub._last_world_entropy, stub._entropy_window_stats = float("inf"), None
         loss = trainer_cls._compute_loss(stub, None, inputs)
@@ -152,10 +171,11 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
         from trl.trainer.grpo_losses import POLICY_LOSS_FIELDS
         from trl.trainer.grpo_scoring import Scores
 
-        grpo_trainer.score_completions = lambda *args, **kwargs: Scores(logps, entropies, None)
+        grpo_trainer.score_completions = lambda *args, **kwargs: Scores(logps, entropies, aux_loss)
         stub.policy_loss_kwargs = {name: config[name] for name in POLICY_LOSS_FIELDS}
         stub.entropy_control = EntropyCoefficient.from_config(stub.args)
-        loss = trainer_cls.compute_loss(stub, None, inputs)
+        # transformers' Trainer divides our loss by the accumulation steps before the backward pass
+        loss = trainer_cls.compute_loss(stub, None, inputs) / accumulation
     loss.backward()
     return dict(
         loss=loss.item(),

@@ -149,6 +149,24 @@ def test_shared_prefix_draws_the_same_tokens_as_generate_with_several_eos_ids(lm
     assert (completions[after_eos] == tokenizer.pad_token_id).all()
 
 
+def test_shared_prefix_falls_back_to_generate_without_a_cache(lm, monkeypatch):
+    """`use_cache=False` (e.g. from `generation_kwargs`): nothing to share, so the same draws as plain `generate`
+    (a shared cache would be read next to the whole re-fed prefix), and no prefill is run."""
+    import trl.trainer.grpo_generation as module
+
+    model, tokenizer = lm
+    ids, mask = _prompts(tokenizer, ["1+2=", "13+4+5="], repeats=4)
+    config = _config(tokenizer, 6)
+    config.use_cache = False
+    outputs = {}
+    for implementation in ("generate", "shared_prefix"):
+        torch.manual_seed(3)
+        outputs[implementation] = sample_completions(model, ids, mask, config, implementation)
+    assert torch.equal(outputs["generate"], outputs["shared_prefix"])
+    monkeypatch.setattr(module, "shared_prefix_cache", lambda *args: pytest.fail("prefilled without a cache"))
+    sample_completions(model, ids, mask, config, "shared_prefix")
+
+
 def test_sample_completions_restores_training_mode_and_rejects_unknown_paths(lm):
     model, tokenizer = lm
     ids, mask = _prompts(tokenizer, ["1+2="], repeats=2)

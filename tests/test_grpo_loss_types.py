@@ -142,6 +142,22 @@ def test_entropy_bonus_subtracts_the_mean_entropy(loss_trainer):
     assert loss.item() == pytest.approx(policy - 0.5 * entropy, rel=1e-5)
 
 
+def test_policy_loss_and_entropy_coef_metrics_as_trl_logs_them(loss_trainer):
+    """With the entropy bonus, TRL logs a token-sum type's (dapo, cispo, vespo) `policy_loss` in training as the
+    micro-batch's share of the step, i.e. divided by the accumulation steps, and `entropy_coef` only in training."""
+    trainer = loss_trainer(entropy_coef=0.5, loss_type="dapo")
+    trainer.current_gradient_accumulation_steps = 4  # what Trainer sets inside its training loop
+    batch = hand_made_batch(trainer)
+    dapo = (-1.0 * 3 + 2.0 * 1) / 4.0  # the sum of the per-token losses over num_items_in_batch = 4
+    trainer.compute_loss(trainer.model, batch)
+    assert trainer._metrics["train"]["policy_loss"] == [pytest.approx(dapo / 4, rel=1e-6)]
+    assert trainer._metrics["train"]["entropy_coef"] == [0.5]
+    trainer.model.eval()
+    trainer.compute_loss(trainer.model, batch)
+    assert trainer._metrics["eval"]["policy_loss"] == [pytest.approx(dapo, rel=1e-6)]
+    assert "entropy_coef" not in trainer._metrics["eval"]
+
+
 # ---------------------------------------------------------------- float32 LM head, MoE router loss
 
 
@@ -204,6 +220,26 @@ def test_moe_router_aux_loss(coef, expected, tiny_lm_path, arithmetic_dataset, g
         assert logs[0]["aux_loss"] >= 1.0 - 1e-6
 
 
+def test_router_aux_loss_is_added_with_its_weight(loss_trainer, monkeypatch):
+    """loss = policy term + router_aux_loss_coef · aux_loss (transformers' Trainer then divides the whole loss by the
+    accumulation steps, as TRL divides each term); `aux_loss` is logged as is."""
+    import trl.trainer.grpo_trainer as module
+    from trl.trainer.grpo_scoring import Scores
+
+    trainer = loss_trainer()
+    batch = hand_made_batch(trainer)
+    logps = torch.zeros(2, 4, requires_grad=True)
+    aux = torch.tensor(1.25, requires_grad=True)
+    monkeypatch.setattr(module, "score_completions", lambda *args, **kwargs: Scores(logps, torch.ones(2, 4), aux))
+    trainer.router_aux_loss_coef, trainer.aux_loss_enabled = 0.02, True
+    loss = trainer.compute_loss(trainer.model, batch)
+    dapo = (-1.0 * 3 + 2.0 * 1) / 4.0  # on-policy ρ = 1: −Â per valid token over num_items_in_batch = 4
+    assert loss.item() == pytest.approx(dapo + 0.02 * 1.25, rel=1e-6)
+    loss.backward()
+    assert aux.grad.item() == pytest.approx(0.02)
+    assert trainer._metrics["train"]["aux_loss"] == [1.25]
+
+
 def test_router_aux_loss_settings(tiny_lm_path):
     model, _ = tiny_moe(tiny_lm_path)
     assert router_aux_loss_settings(model, None) == (0.02, True)  # the model config's value
@@ -264,3 +300,23 @@ def test_adaptive_entropy_trains_and_logs_the_coefficient(tiny_lm_path, arithmet
     assert changed
     assert [entry["entropy_coef"] for entry in logs] == pytest.approx([0.01, 0.02])
     assert trainer.entropy_control.last_entropy == pytest.approx(logs[-1]["entropy"], rel=1e-5)
+
+
+def test_adaptive_entropy_resumes_with_restore_callback_states(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """With `restore_callback_states_from_checkpoint=True`, Trainer replaces the coefficient callback by a restored
+    copy; the loss must use that copy (else it would restart from `entropy_coef` on resume)."""
+    kwargs = dict(use_adaptive_entropy=True, entropy_coef=0.0, entropy_coef_delta=0.01, entropy_target=100.0)
+    kwargs.update(restore_callback_states_from_checkpoint=True, save_strategy="steps", save_steps=1)
+    full, _, _ = train(tiny_lm_path, arithmetic_dataset, grpo_kwargs, **kwargs)
+    assert full.entropy_control.coef == pytest.approx(0.02)
+    resumed = GRPOTrainer(
+        tiny_lm_path,
+        first_token_reward,
+        args=GRPOConfig(
+            **{**grpo_kwargs, "gradient_accumulation_steps": 1, "steps_per_generation": 2, "max_steps": 2, **kwargs}
+        ),
+        train_dataset=arithmetic_dataset,
+    )
+    resumed.train(resume_from_checkpoint=f"{grpo_kwargs['output_dir']}/checkpoint-1")
+    assert resumed.entropy_control in resumed.callback_handler.callbacks
+    assert resumed.entropy_control.coef == pytest.approx(0.02)

@@ -20,7 +20,6 @@ from trl.trainer.grpo_losses import (
     importance_weighted_kl,
     kl_k3,
     masked_mean,
-    metric_mean,
     off_policy_sequence_mask,
     pad_to_multiple,
     per_token_policy_loss,
@@ -584,13 +583,6 @@ def test_aggregate_loss_new_types():
     assert aggregate_loss(PER_TOKEN, MASK, "luspo").item() == 10.5
     with pytest.raises(ValueError, match="loss_type='cispo' needs num_items_in_batch"):
         aggregate_loss(PER_TOKEN, MASK, "cispo")
-
-
-def test_metric_mean_per_token_and_per_sequence():
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert metric_mean(torch.tensor([[1.0, 3.0, 99.0], [5.0, 99.0, 99.0]]), mask).item() == 3.0  # (1 + 3 + 5) / 3
-    # A per-sequence value counts once per sequence, whatever its length (TRL's convention for sequence-level ratios).
-    assert metric_mean(torch.tensor([[1.0], [4.0]]), mask).item() == 2.5
 
 
 def test_entropy_without_gradient_keeps_the_log_prob_gradient():

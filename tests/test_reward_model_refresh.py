@@ -192,6 +192,22 @@ def test_collect_rejects_bad_labels(refresher):
         refresh.collect([{"prompt": "a"}] * 2, ["a", "a"], ["b", "c"], [[1], [2]], trainer_state=None)
 
 
+def test_collect_raises_on_every_process_when_one_returns_too_few_labels(refresher, monkeypatch):
+    """Under DDP the label count is checked after the gather: a process whose own labels are fine raises too (a
+    process raising alone would leave the others waiting in the next collective)."""
+    import trl.trainer.reward_model_refresh as module
+
+    refresh = refresher()
+    refresh.accelerator = SimpleNamespace(num_processes=2)
+    other_process = (1, 2, [])  # process 1: one label for its two completions
+    monkeypatch.setattr(module, "gather_object", lambda local: local + [other_process])
+    with pytest.raises(ValueError, match=re.escape("reward_model_label_func returned 1 labels for 2 completions")):
+        refresh.collect([{"prompt": "a"}] * 2, ["a", "a"], ["b", "cc"], [[1], [2]], trainer_state=None)
+    monkeypatch.setattr(module, "gather_object", lambda local: local + [(2, 2, local[0][2])])  # both fine
+    refresh.collect([{"prompt": "a"}] * 2, ["a", "a"], ["b", "cc"], [[1], [2]], trainer_state=None)
+    assert [(u[0]["completion"], u[0]["label"]) for u in refresh.pending] == [("b", 1.0), ("cc", 0.0)] * 2
+
+
 def test_update_metrics_match_a_hand_computation(refresher):
     """One batch holding the whole set: the logged loss is the loss of the pre-update model on that set, and the
     accuracy is measured on the fresh examples before training; the weights move, the buffer takes the fresh set."""
@@ -215,6 +231,33 @@ def test_update_metrics_match_a_hand_computation(refresher):
     assert refresh.last_update_step == 7 and refresh.pending == [] and len(refresh.buffer) == 4
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not any(p.requires_grad for p in model.parameters())  # frozen again outside the update
+
+
+def test_update_renders_conversations_with_chat_template_kwargs(refresher):
+    """The reward model trains on what the trainer's reward call scores: messages rendered with the config's
+    chat_template_kwargs (here a marker "9 " that the template writes only with enable_thinking=False)."""
+    refresh = refresher(
+        reward_model_batch_size=64, reward_model_learning_rate=1e-2, chat_template_kwargs={"enable_thinking": False}
+    )
+    _, model, tokenizer = refresh.reward_models[0]
+    tokenizer.chat_template = (
+        "{% if enable_thinking is defined and not enable_thinking %}9 {% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    prompts = [[{"role": "user", "content": p}] for p in ("1+2=", "1+2=", "3+4=", "3+4=")]
+    completions = [[{"role": "assistant", "content": c}] for c in ("3", "33", "7 ", "7")]
+    labels = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    refresh.label_func = lambda completions, **kwargs: labels.tolist()
+    refresh.collect([{"prompt": p} for p in prompts], prompts, completions, [[1]] * 4, trainer_state=None)
+    texts = ["9 1+2=3", "9 1+2=33", "9 3+4=7 ", "9 3+4=7"]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    with torch.no_grad():
+        expected = pointwise_reward_model_loss(model(**encoded).logits[:, 0], labels).item()
+        examples = [e for u in refresh.pending for e in u]
+        without_kwargs = pointwise_reward_model_loss(score_examples(model, tokenizer, examples), labels).item()
+    assert abs(expected - without_kwargs) > 1e-4  # the marker changes the score
+    refresh.update(global_step=1)
+    assert refresh.metrics["reward_model/tiny-rm/loss"] == [pytest.approx(expected, abs=1e-6)]
 
 
 def test_update_runs_one_optimizer_step_per_batch_and_epoch(refresher):

@@ -9,7 +9,6 @@ rank (rank 0: 10 tokens at KL 0.1, all clipped high; rank 1: 90 tokens at KL 0.0
 It writes the logged values to `OUT_DIR/metrics_rank<r>.json`.
 """
 
-import json
 import os
 import sys
 
@@ -19,6 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from sync_worker import finish  # noqa: E402
 
 
 def prompt_reward(prompts, log_extra, log_metric, **kwargs):
@@ -104,14 +104,7 @@ def main() -> None:
     trainer.compute_loss(trainer.model, handmade_micro_batch(rank))
     handmade = {key: values[-1] for key, values in trainer._metrics["train"].items()}
 
-    result = {"logged": logged, "handmade": handmade, "table": table, "world_size": dist.get_world_size()}
-    with open(os.path.join(out_dir, f"metrics_rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # results are written: skip interpreter teardown, where gloo has been seen to abort
+    finish("metrics", out_dir, {"logged": logged, "handmade": handmade, "table": table})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ zero3: building the trainer under DeepSpeed ZeRO-3 must raise; each rank writes 
 """
 
 import hashlib
-import json
 import os
 import sys
 
@@ -19,8 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from sync_worker import PROMPTS, grpo_config  # noqa: E402
+from sync_worker import PROMPTS, finish, grpo_config  # noqa: E402
 
 
 UPDATE_STEPS = 2
@@ -106,17 +104,6 @@ def main() -> None:
         "checkpoint_roundtrip_equal": fingerprint(reward_model) == before,
     }
     finish(mode, out_dir, result)
-
-
-def finish(mode: str, out_dir: str, result: dict) -> None:
-    result["world_size"] = dist.get_world_size()
-    with open(os.path.join(out_dir, f"{mode}_rank{dist.get_rank()}.json"), "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # results are written: skip interpreter teardown, where gloo has been seen to abort
 
 
 if __name__ == "__main__":

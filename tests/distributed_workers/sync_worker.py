@@ -431,6 +431,11 @@ def main() -> None:
 
             deepspeed.init_distributed(dist_backend="gloo")
         result = run_zero3_lora(model_dir, out_dir) if mode == "zero3_lora" else run_grpo(mode, model_dir, out_dir)
+    finish(mode, out_dir, result)
+
+
+def finish(mode: str, out_dir: str, result: dict) -> None:
+    """Write this rank's `result` (with the world size) to `OUT_DIR/<mode>_rank<r>.json` and exit (every worker)."""
     result["world_size"] = dist.get_world_size()
     with open(os.path.join(out_dir, f"{mode}_rank{dist.get_rank()}.json"), "w") as f:
         json.dump(result, f)

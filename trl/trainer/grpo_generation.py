@@ -51,8 +51,9 @@ def sample_completions(
     `generate`'s own. Completions follow the same distribution; the prefix keys/values come from a smaller batch,
     so they can differ from the unshared ones in the last float bits. It falls back to `"generate"` when there is
     nothing to share (all prompts distinct, one-token prompts), when `generation_config.cache_implementation` asks
-    for another cache, when the prompts are not left-padded, or under DeepSpeed ZeRO-3 (whose forward hooks would
-    re-partition the weights gathered for generation).
+    for another cache or `use_cache=False` for none, for models without a `DynamicCache`, when the prompts are not
+    left-padded, or under DeepSpeed ZeRO-3 (whose forward hooks would re-partition the weights gathered for
+    generation).
 
     Args:
         model: a causal LM (or a PEFT model around one); put in eval mode for the call, then restored. Runs under
@@ -74,7 +75,12 @@ def sample_completions(
     layouts = {tensor_layout(p) for p in model.parameters()}
     zero3, sharded = ZERO3 in layouts, layouts != {PLAIN}
     # ZeRO-3: a forward before `generate` would hand the weights gathered for generation back to their partitions
-    share = implementation == "shared_prefix" and generation_config.cache_implementation is None and not zero3
+    # no cache to share: `use_cache=False` (generate would re-read the whole prefix) or a model without DynamicCache
+    cached = (
+        generation_config.use_cache is not False and getattr(model, "_supports_default_dynamic_cache", lambda: False)()
+    )
+    share = implementation == "shared_prefix" and generation_config.cache_implementation is None and cached
+    share = share and not zero3
     was_training = model.training
     model.eval()  # dropout off, and the KV cache is used even with gradient checkpointing
     try:

@@ -557,11 +557,3 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of `values` over the positions where `mask` is 1 (0 when the mask is empty). Shapes must match."""
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def metric_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of a logged quantity: over valid tokens for a per-token `(N, L)` tensor, over sequences for a
-    per-sequence `(N, 1)` one (sequence-level importance sampling, VESPO weights), as TRL averages them."""
-    if values.size(1) == 1 and mask.size(1) != 1:
-        return values.float().mean()
-    return masked_mean(values, mask)

@@ -430,6 +430,12 @@ class GRPOTrainer(Trainer):
             state, file = self.sync_callback.state_dict(), self._reference_file
             save_reference_state(self._reference_tensors(), folder, file, state, self.args.should_save)
 
+    def _load_callback_state(self) -> None:
+        # With `restore_callback_states_from_checkpoint`, Trainer swaps in a new EntropyCoefficient: use that one.
+        super()._load_callback_state()
+        restored = [cb for cb in self.callback_handler.callbacks if isinstance(cb, EntropyCoefficient)]
+        self.entropy_control = restored[0] if restored else self.entropy_control
+
     def _load_reference_state(self, checkpoint: str) -> None:
         state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file)
         if state is not None:
@@ -666,12 +672,15 @@ class GRPOTrainer(Trainer):
             per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"]
         )
         if self.entropy_control.enabled:  # entropy bonus: the mean entropy of the tokens the policy loss acts on
-            metrics["policy_loss"].append(gather(loss.detach()).nanmean().item())
+            # As TRL logs it: the token-sum types' value is this micro-batch's share of the step (÷ accumulation)
+            token_sum = mode == "train" and self.loss_type in ("dapo", "cispo", "vespo")
+            share = self.current_gradient_accumulation_steps if token_sum else 1
+            metrics["policy_loss"].append(gather(loss.detach() / share).nanmean().item())
             bonus_mask, end_of_step = mask if entropy_mask is None else entropy_mask, self.accelerator.sync_gradients
             loss = loss - self.entropy_control.applied() * masked_mean(entropies, bonus_mask)
             if mode == "train":
                 self.entropy_control.observe(entropies, bonus_mask, end_of_step, self.accelerator.reduce)
-            if end_of_step:
+            if end_of_step and mode == "train":  # the coefficient of optimizer steps: never an eval metric
                 metrics["entropy_coef"].append(self.entropy_control.coef)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss

@@ -142,11 +142,15 @@ class ReplayBuffer:
         return [self.units[i] for i in order.tolist()]
 
 
-def score_examples(model: nn.Module, tokenizer, examples: list[Example]) -> torch.Tensor:
-    """`(N,)` float32 first logits of `model` on the examples, with gradients (inputs as the trainer's reward call)."""
+def score_examples(
+    model: nn.Module, tokenizer, examples: list[Example], chat_template_kwargs: dict[str, Any] | None = None
+) -> torch.Tensor:
+    """`(N,)` float32 first logits of `model` on the examples, with gradients: the inputs of the trainer's reward
+    call (`reward_model_inputs`; conversational examples rendered with the same `chat_template_kwargs`)."""
     device = next(model.parameters()).device
     prompts, completions = [e["prompt"] for e in examples], [e["completion"] for e in examples]
-    return model(**reward_model_inputs(tokenizer, prompts, completions, device=device)).logits[:, 0].float()
+    encoded = reward_model_inputs(tokenizer, prompts, completions, chat_template_kwargs, device)
+    return model(**encoded).logits[:, 0].float()
 
 
 # ---- one refresher for all trainable reward models of a trainer ----
@@ -250,18 +254,23 @@ class RewardModelRefresh:
             trainer_state=trainer_state,
             **columns,
         )
-        if labels is None or len(labels) != len(prompts):
-            got = "None" if labels is None else len(labels)
-            raise ValueError(
-                f"reward_model_label_func returned {got} labels for {len(prompts)} completions; it must return one "
-                "label (or None) per completion."
-            )
+        got = "None" if labels is None else len(labels)
         rows = [
             {"prompt": p, "completion": c, "label": None if y is None else float(y)}
-            for p, c, y in zip(prompts, completions, labels)
+            for p, c, y in zip(prompts, completions, labels if got == len(prompts) else [])
         ]
+        # Gathered before any check, so that every process raises the same error (one raising alone would leave the
+        # others waiting in the next collective).
+        per_process = [(got, len(prompts), rows)]
         if self.accelerator.num_processes > 1:
-            rows = gather_object(rows)  # before any check, so that every process raises the same error
+            per_process = gather_object(per_process)
+        for got, expected, _ in per_process:
+            if got != expected:
+                raise ValueError(
+                    f"reward_model_label_func returned {got} labels for {expected} completions; it must return one "
+                    "label (or None) per completion."
+                )
+        rows = [row for _, _, process_rows in per_process for row in process_rows]
         if self.args.reward_model_loss_type == POINTWISE:
             bad = [r["label"] for r in rows if r["label"] is not None and not 0.0 <= r["label"] <= 1.0]
             if bad:
@@ -310,7 +319,7 @@ class RewardModelRefresh:
         for (name, model, tokenizer), optimizer in zip(self.reward_models, self.optimizers):
             device = next(model.parameters()).device
             with torch.no_grad():
-                logits = score_examples(model, tokenizer, fresh_examples)
+                logits = score_examples(model, tokenizer, fresh_examples, args.chat_template_kwargs)
             labels, groups = _labels_and_groups(fresh_examples, device)
             accuracy = reward_model_accuracy(logits, labels, groups, args.reward_model_loss_type)
             losses = []
@@ -324,7 +333,8 @@ class RewardModelRefresh:
                             and preference_pairs(labels, groups)[0].numel() == 0
                         ):
                             continue  # nothing to compare: no optimizer step
-                        loss = self._loss(score_examples(model, tokenizer, batch), labels, groups)
+                        logits = score_examples(model, tokenizer, batch, args.chat_template_kwargs)
+                        loss = self._loss(logits, labels, groups)
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         optimizer.step()
