@@ -318,3 +318,37 @@ def test_reward_processing_classes_must_match_a_single_function(tiny_lm_path, ar
 def test_unsupported_feature_raises_at_init(grpo_kwargs):
     with pytest.raises(ValueError, match=r"use_vllm=True asks for vLLM generation, which this package does not"):
         GRPOConfig(**grpo_kwargs, use_vllm=True)
+
+
+def test_quantization_config_reaches_from_pretrained(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    seen, original = [], AutoModelForCausalLM.from_pretrained
+    sentinel = object()  # stands for a BitsAndBytesConfig (bitsandbytes needs a GPU)
+
+    def from_pretrained(path, *args, **kwargs):
+        seen.append(kwargs.pop("quantization_config", None))
+        return original(path, *args, **kwargs)
+
+    with mock.patch.object(AutoModelForCausalLM, "from_pretrained", from_pretrained):
+        GRPOTrainer(
+            tiny_lm_path,
+            first_token_reward,
+            args=GRPOConfig(**grpo_kwargs),
+            train_dataset=arithmetic_dataset,
+            quantization_config=sentinel,
+        )
+    assert seen == [sentinel]
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path)
+    with pytest.raises(ValueError, match="quantization_config applies when `model` is a path"):
+        GRPOTrainer(model, first_token_reward, args=GRPOConfig(**grpo_kwargs), quantization_config=sentinel)
+
+
+@pytest.mark.parametrize("name", ["tools", "rollout_func", "environment_factory"])
+def test_tool_and_rollout_arguments_raise(tiny_lm_path, arithmetic_dataset, grpo_kwargs, name):
+    with pytest.raises(ValueError, match=f"`{name}` \\(tool calling / custom rollouts\\) is not supported"):
+        GRPOTrainer(
+            tiny_lm_path,
+            first_token_reward,
+            args=GRPOConfig(**grpo_kwargs),
+            train_dataset=arithmetic_dataset,
+            **{name: [len] if name == "tools" else len},
+        )

@@ -207,8 +207,13 @@ class GRPOTrainer(Trainer):
             Extra callbacks.
         optimizers (`tuple`, *optional*):
             `(optimizer, lr_scheduler)`, as in [`~transformers.Trainer`].
+        quantization_config (`transformers.BitsAndBytesConfig`, *optional*):
+            Passed to `from_pretrained` when `model` is a path (e.g. 4-bit QLoRA with `peft_config`), as in TRL.
         peft_config ([`~peft.PeftConfig`], *optional*):
             Train a PEFT adapter instead of the whole model.
+        tools, rollout_func, environment_factory (*optional*):
+            TRL's tool-calling and custom-rollout arguments. Not supported here: anything but `None` raises a
+            `ValueError`.
         reward_model_label_func (`Callable`, *optional*):
             Labels for training the reward models when `reward_model_update_steps` is set: called like a reward
             function, it returns one label (or `None`: not used) per completion. A `ValueError` is raised when only
@@ -233,16 +238,31 @@ class GRPOTrainer(Trainer):
         reward_processing_classes: PreTrainedTokenizerBase | list[PreTrainedTokenizerBase] | None = None,
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple = (None, None),
+        quantization_config=None,
         peft_config=None,
+        tools: list[Callable] | None = None,
+        rollout_func: Callable | None = None,
+        environment_factory: Callable | dict[str, Callable] | None = None,
         reward_model_label_func: Callable[..., list[float | None]] | None = None,
     ):
+        unsupported = {"tools": tools, "rollout_func": rollout_func, "environment_factory": environment_factory}
+        for name, value in unsupported.items():  # TRL's tool-calling and custom-rollout arguments
+            if value is not None:
+                raise ValueError(
+                    f"`{name}` (tool calling / custom rollouts) is not supported by this package: leave it None."
+                )
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = GRPOConfig(f"{os.path.basename(str(name).rstrip('/')) or 'model'}-GRPO")
 
         # Policy
+        if quantization_config is not None and not isinstance(model, str):
+            raise ValueError(
+                "quantization_config applies when `model` is a path; quantize an instantiated model yourself."
+            )
         if isinstance(model, str):
-            model = AutoModelForCausalLM.from_pretrained(model, **_model_init_kwargs(args))
+            quantization = {"quantization_config": quantization_config} if quantization_config is not None else {}
+            model = AutoModelForCausalLM.from_pretrained(model, **_model_init_kwargs(args), **quantization)
         elif args.model_init_kwargs:
             raise ValueError("model_init_kwargs only apply when `model` is a path; you passed an instantiated model.")
         given_peft_model = hasattr(model, "peft_config")
