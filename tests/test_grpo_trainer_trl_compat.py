@@ -352,3 +352,34 @@ def test_tool_and_rollout_arguments_raise(tiny_lm_path, arithmetic_dataset, grpo
             train_dataset=arithmetic_dataset,
             **{name: [len] if name == "tools" else len},
         )
+
+
+def test_eval_sampling_depends_on_the_step_not_on_earlier_evaluations(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """Eval draws are seeded by (optimizer step, batch index), so a resumed run evaluates exactly like the
+    uninterrupted one, however many evaluations came before."""
+    drawn = []
+
+    def recording(completion_ids, **kwargs):
+        drawn.append([tuple(ids) for ids in completion_ids])
+        return first_token_reward(completion_ids)
+
+    args = GRPOConfig(**{**grpo_kwargs, "per_device_eval_batch_size": 4, "max_completion_length": 8})
+    eval_dataset = arithmetic_dataset.select(range(8))
+
+    def evaluate(trainer, step):
+        drawn.clear()
+        trainer.state.global_step = step
+        trainer.evaluate()
+        return list(drawn)
+
+    first = GRPOTrainer(
+        tiny_lm_path, recording, args=args, train_dataset=arithmetic_dataset, eval_dataset=eval_dataset
+    )
+    at_3 = evaluate(first, 3)
+    assert len(at_3) == 8 and at_3[0] != at_3[1]  # 8 prompts × 4 completions in batches of 4: 8 eval batches
+    assert evaluate(first, 3) == at_3  # a second evaluation at the same step draws the same
+    assert evaluate(first, 4) != at_3  # another step, other draws
+    fresh = GRPOTrainer(
+        tiny_lm_path, recording, args=args, train_dataset=arithmetic_dataset, eval_dataset=eval_dataset
+    )
+    assert evaluate(fresh, 3) == at_3  # as a resumed trainer at step 3 would

@@ -345,7 +345,7 @@ class GRPOTrainer(Trainer):
         self._last_completions: dict[str, list] = {}
         self._buffered_inputs: list[dict[str, Any]] | None = None
         self._step: int | None = None
-        self._eval_generations = 0  # eval generation batches so far (seeds their sampling)
+        self._eval_batches = 0  # eval generation batches so far in this evaluation (seeds their sampling)
         self._step_time = 0.0  # seconds spent in training_step since the last optimizer step
 
         super().__init__(
@@ -511,24 +511,30 @@ class GRPOTrainer(Trainer):
     def _sampling_rng(self, mode: str):
         """Seed sampling from (seed, mode, position, process) and leave the global RNG stream untouched.
 
-        The position is the micro-step for training and a running count of eval batches for evaluation. Completions
-        then depend on where training is, not on what consumed random numbers before, so a run resumed from a
-        checkpoint samples exactly what the uninterrupted run sampled, and no two generation batches share draws.
+        The position is the micro-step for training, and (optimizer step, batch index within the evaluation) for
+        evaluation. Completions then depend on where training is, not on what consumed random numbers before, so a run
+        resumed from a checkpoint samples (and evaluates) exactly what the uninterrupted run did, and no two
+        generation batches share draws.
         """
         if mode == "train":
-            position = (
+            micro_step = (
                 self._step
                 if self._step is not None
                 else self.state.global_step * self.args.gradient_accumulation_steps
             )
+            position = [micro_step]
         else:
-            position, self._eval_generations = self._eval_generations, self._eval_generations + 1
-        seed = derived_seed(self.args.seed, int(mode == "eval"), position, self.accelerator.process_index)
+            position, self._eval_batches = [self.state.global_step, self._eval_batches], self._eval_batches + 1
+        seed = derived_seed(self.args.seed, int(mode == "eval"), *position, self.accelerator.process_index)
         device = self.accelerator.device
         devices = [device] if device.type != "cpu" else []
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
             torch.manual_seed(seed)
             yield
+
+    def evaluate(self, *args, **kwargs):
+        self._eval_batches = 0  # eval sampling is seeded by (optimizer step, batch index): resume-proof
+        return super().evaluate(*args, **kwargs)
 
     def _calculate_rewards(
         self, inputs: list[dict], prompts: list, completions: list, completion_ids: list
