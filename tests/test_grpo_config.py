@@ -106,6 +106,7 @@ TRL_1_16_DEFAULTS = {
 # refresh.
 OUR_ONLY_DEFAULTS = {
     "generation_implementation": "shared_prefix",
+    "shared_prefix_scoring": True,
     "max_prompt_length": None,
     "ref_model_sync_strategy": "steps",
     "reward_model_update_steps": None,

@@ -6,7 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.grpo_generation import sample_completions, shared_prefix_cache, unique_prompt_rows
+from trl.trainer.grpo_generation import sample_completions
+from trl.trainer.prefix_sharing import shared_prefix_cache, unique_prompt_rows
 
 
 @pytest.fixture(scope="module")

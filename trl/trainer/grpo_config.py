@@ -108,6 +108,11 @@ class GRPOConfig(TrainingArguments):
             How completions are sampled. `"shared_prefix"`: prefill each distinct prompt once and copy its KV cache
             to its `num_generations` rows, then `generate`; `"generate"`: `generate` on the repeated prompts, as TRL
             does. Both sample from the same distribution; see "Generation paths" in the docs.
+        shared_prefix_scoring (`bool`, *optional*, defaults to `True`):
+            Compute each distinct prompt once in the log-prob passes (reference, old policy, and the training forward
+            and backward): the prompt's keys and values are shared by the rows that repeat it, gradients included.
+            The log-probs equal the unshared ones up to float rounding; the saving grows with the prompt's share of
+            the sequence. Falls back to plain passes where it cannot apply (see "Generation paths" in the docs).
 
         > Parameters that control the loss
 
@@ -340,6 +345,10 @@ class GRPOConfig(TrainingArguments):
             "help": "'shared_prefix' (prefill each distinct prompt once, share its KV cache) or 'generate'.",
             "choices": GENERATION_IMPLEMENTATIONS,
         },
+    )
+    shared_prefix_scoring: bool = field(
+        default=True,
+        metadata={"help": "Compute each distinct prompt once in the log-prob passes (training included)."},
     )
 
     # Loss

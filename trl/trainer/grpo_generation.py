@@ -3,36 +3,14 @@
 prompt once and sharing its KV cache across the rows that repeat it (GRPO repeats every prompt G times)."""
 
 import torch
-from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from .grpo_config import GENERATION_IMPLEMENTATIONS
+from .prefix_sharing import shared_prefix_cache
 from .ref_sync import PLAIN, ZERO3, tensor_layout
 
 
 ENTRY_POINT = "sample_completions"  # the name the trainer calls (benchmarks time it)
-
-
-def unique_prompt_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct rows of a left-padded prompt batch and, for every row, the index of its distinct row.
-
-    Args:
-        prompt_ids, prompt_mask: `(N, P)` integer tensors; two rows are the same prompt when both their ids and mask
-            are equal.
-
-    Returns:
-        `first` `(U,)` int64: the first row of each distinct prompt, in order of first appearance; `inverse` `(N,)`
-        int64: `prompt_ids[first][inverse] == prompt_ids`.
-    """
-    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
-    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
-    n = inverse.numel()
-    # first occurrence of each unique row, then renumber the unique rows by first appearance
-    first = torch.full((int(inverse.max()) + 1,), n, dtype=torch.long, device=inverse.device)
-    first.scatter_reduce_(0, inverse, torch.arange(n, device=inverse.device), reduce="amin")
-    order = torch.argsort(first)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=order.device)
-    return first[order], rank[inverse]
 
 
 def sample_completions(
@@ -96,30 +74,3 @@ def sample_completions(
     finally:
         model.train(was_training)
     return sequences[:, prompt_ids.size(1) :].clone()  # a normal tensor: training may save it for backward
-
-
-def shared_prefix_cache(
-    model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
-) -> DynamicCache | None:
-    """The KV cache of every prompt row but its last token, computed once per distinct prompt.
-
-    Args:
-        model: a causal LM (or a PEFT model around one) in eval mode; call without gradients.
-        prompt_ids, prompt_mask: `(N, P)` left-padded prompts and their attention mask.
-
-    Returns:
-        A `DynamicCache` of batch N and length P - 1, or `None` when sharing saves nothing (no repeated prompt, P = 1)
-        or the prompts are not left-padded (a row whose last token is padding).
-    """
-    if prompt_ids.size(1) < 2 or not bool(prompt_mask[:, -1].all()):
-        return None
-    first, inverse = unique_prompt_rows(prompt_ids, prompt_mask)
-    if first.numel() == prompt_ids.size(0):
-        return None
-    ids, mask = prompt_ids[first, :-1], prompt_mask[first, :-1]
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    cache = DynamicCache(config=config)
-    position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # numbered as `generate` does
-    model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=cache, logits_to_keep=1)
-    cache.batch_select_indices(inverse)
-    return cache

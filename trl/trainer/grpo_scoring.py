@@ -2,12 +2,19 @@
 """Scoring completions with a model: per-token log-probs and entropies at the sampling temperature, the MoE router
 auxiliary loss, and the float32 LM head. The trainer calls these; the maths on their outputs is in `grpo_losses`."""
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from .grpo_losses import selective_log_softmax
+from .prefix_sharing import (
+    cache_kept_under_checkpointing,
+    checkpointing_keeps_cache,
+    prefix_was_read,
+    shared_prefix_cache,
+)
 
 
 class Scores(NamedTuple):
@@ -28,12 +35,22 @@ def score_completions(
     compute_entropy: bool = False,
     compute_aux_loss: bool = False,
     entropy_grad: bool = False,
+    share_prefix: bool = False,
 ) -> Scores:
     """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
     logits divided by `temperature`, so they describe the distribution the completions were sampled from.
 
     Position ids come from the attention mask, so left padding does not change the result. Entropies are computed at
     every position; callers average them over valid tokens only.
+
+    With `share_prefix`, each forward pass first runs the distinct prompts of its rows (all but their last token)
+    once, then every row's last prompt token and completion on top of that read-only KV cache
+    (`prefix_sharing.shared_prefix_cache`); gradients reach the shared prompt through the cache. The result is the
+    unshared one up to float rounding (the prompt is computed in a smaller batch) at `(P - 1)(N - U)` fewer token
+    positions per pass, U the number of distinct prompts. It falls back to one plain pass when there is nothing to
+    share, with `compute_aux_loss` (the router loss covers every token of one pass), for caches other than full
+    attention, and under gradient checkpointing that would drop the cache (see
+    `prefix_sharing.checkpointing_keeps_cache`).
 
     Args:
         model: a causal LM (possibly wrapped).
@@ -45,6 +62,7 @@ def score_completions(
         compute_aux_loss: pass `output_router_logits=True` and return the mean of the model's MoE load-balancing
             `aux_loss` over the forward passes.
         entropy_grad: let the entropies carry a gradient (only an entropy bonus needs it; it costs memory).
+        share_prefix: compute each distinct prompt once per forward pass (see above).
 
     Returns:
         `Scores`.
@@ -54,15 +72,35 @@ def score_completions(
     for start in range(0, input_ids.size(0), batch_size):
         ids = input_ids[start : start + batch_size]
         mask = attention_mask[start : start + batch_size]
-        extra = {"output_router_logits": True} if compute_aux_loss else {}
-        outputs = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            logits_to_keep=logits_to_keep + 1,
-            use_cache=False,
-            **extra,
-        )
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        share = share_prefix and not compute_aux_loss and checkpointing_keeps_cache(model)
+        with cache_kept_under_checkpointing(model) if share else nullcontext():
+            prompt_length = ids.size(1) - logits_to_keep
+            cache = (
+                shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True) if share else None
+            )
+            if cache is None:
+                extra = {"output_router_logits": True} if compute_aux_loss else {}
+                outputs = model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=position_ids,
+                    logits_to_keep=logits_to_keep + 1,
+                    use_cache=False,
+                    **extra,
+                )
+            else:  # the last prompt token (it predicts the first completion token) and the completion, on the prompt
+                outputs = model(
+                    input_ids=ids[:, prompt_length - 1 :],
+                    attention_mask=mask,
+                    position_ids=position_ids[:, prompt_length - 1 :],
+                    cache=cache,
+                    logits_to_keep=logits_to_keep + 1,
+                )
+                if not prefix_was_read(cache):
+                    raise RuntimeError(
+                        f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
+                    )
         logits = outputs.logits[:, :-1, :] / temperature
         out = selective_log_softmax(logits, ids[:, -logits_to_keep:], 2**28, compute_entropy, entropy_grad)
         logps.append(out[0] if compute_entropy else out)

@@ -497,7 +497,10 @@ class GRPOTrainer(Trainer):
         Returns:
             `(N, L)` float32 tensor.
         """
-        return score_completions(model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size)[0]
+        share = self.args.shared_prefix_scoring
+        return score_completions(
+            model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size, share_prefix=share
+        ).per_token_logps
 
     def _ref_per_token_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
         if self.ref_model is not None:
@@ -675,7 +678,16 @@ class GRPOTrainer(Trainer):
         attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
         bonus = self.entropy_control.enabled  # the entropies need a gradient only for the entropy bonus
         per_token_logps, entropies, aux_loss = score_completions(
-            model, input_ids, attention_mask, mask.size(1), self.temperature, None, True, self.aux_loss_enabled, bonus
+            model,
+            input_ids,
+            attention_mask,
+            mask.size(1),
+            self.temperature,
+            None,
+            True,
+            self.aux_loss_enabled,
+            bonus,
+            self.args.shared_prefix_scoring,
         )
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:

@@ -1,0 +1,157 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Shared-prefix scoring (trl/trainer/prefix_sharing.py, grpo_scoring.score_completions(share_prefix=True)): the same
+log-probs, entropies and gradients as one plain pass, with each distinct prompt computed once."""
+
+import functools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.grpo_scoring import score_completions
+from trl.trainer.prefix_sharing import checkpointing_keeps_cache
+
+
+@pytest.fixture
+def model(tiny_lm_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    model.train()
+    return model
+
+
+def _batch(vocab_size, prompt_lengths=(6, 3), repeats=4, completion_length=5, seed=0):
+    """Left-padded prompts of different lengths, each repeated `repeats` times, then right-padded completions."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(prompt_lengths)
+    prompts, prompt_mask = [], []
+    for length in prompt_lengths:
+        ids = torch.randint(3, vocab_size, (width,), generator=g)
+        ids[: width - length] = 0
+        prompts += [ids] * repeats
+        prompt_mask += [torch.arange(width) >= width - length] * repeats
+    n = len(prompts)
+    completions = torch.randint(3, vocab_size, (n, completion_length), generator=g)
+    completion_mask = torch.ones(n, completion_length, dtype=torch.long)
+    completion_mask[::3, -2:] = 0  # some completions ended early
+    ids = torch.cat([torch.stack(prompts), completions], 1)
+    mask = torch.cat([torch.stack(prompt_mask).long(), completion_mask], 1)
+    return ids, mask, completion_length
+
+
+def _score_and_grads(model, ids, mask, length, share):
+    model.zero_grad()
+    scores = score_completions(model, ids, mask, length, 0.7, None, True, False, True, share)
+    completion_mask = mask[:, -length:]
+    ((scores.per_token_logps + scores.entropies) * completion_mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return scores.per_token_logps.detach(), scores.entropies.detach(), grads
+
+
+def _record_forward_shapes(model):
+    shapes = []
+    original = model.forward
+
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    model.forward = forward
+    return shapes
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_shared_scoring_equals_one_plain_pass_values_and_gradients(model, checkpointing):
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+        assert checkpointing_keeps_cache(model)
+    ids, mask, length = _batch(model.config.vocab_size)
+    plain = _score_and_grads(model, ids, mask, length, share=False)
+    shapes = _record_forward_shapes(model)
+    shared = _score_and_grads(model, ids, mask, length, share=True)
+    # 2 distinct prompts: all but their last token once, then every row's last prompt token + completion
+    assert shapes == [(2, ids.size(1) - length - 1), (ids.size(0), length + 1)]
+    torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared[1], plain[1], atol=1e-5, rtol=0)
+    assert shared[2].keys() == plain[2].keys() and len(plain[2]) == len(list(model.parameters()))
+    for name, grad in plain[2].items():
+        assert grad.abs().max() > 0, name
+        torch.testing.assert_close(shared[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
+    # the layers' flags are restored afterwards
+    assert not any("_can_checkpoint_with_cache" in vars(m) for m in model.modules())
+
+
+def test_shared_scoring_without_gradients(model):
+    ids, mask, length = _batch(model.config.vocab_size, prompt_lengths=(2, 7, 4), repeats=3)
+    with torch.no_grad():
+        plain = score_completions(model, ids, mask, length, 1.0, batch_size=6)
+        shared = score_completions(model, ids, mask, length, 1.0, batch_size=6, share_prefix=True)
+    torch.testing.assert_close(shared.per_token_logps, plain.per_token_logps, atol=1e-5, rtol=0)
+
+
+def test_reentrant_checkpointing_falls_back_to_plain_passes(model):
+    model.gradient_checkpointing_enable({"use_reentrant": True})
+    assert not checkpointing_keeps_cache(model)  # reentrant checkpointing would lose the cached prompt's gradient
+    with torch.no_grad():
+        assert checkpointing_keeps_cache(model)  # nothing is checkpointed without gradients
+    ids, mask, length = _batch(model.config.vocab_size)
+    shapes = _record_forward_shapes(model)
+    score_completions(model, ids, mask, length, 1.0, share_prefix=True)
+    assert shapes == [tuple(ids.shape)]
+
+
+def test_nothing_to_share_uses_one_plain_pass(model):
+    ids, mask, length = _batch(model.config.vocab_size, prompt_lengths=(6, 3), repeats=1)  # all prompts distinct
+    shapes = _record_forward_shapes(model)
+    with torch.no_grad():
+        score_completions(model, ids, mask, length, 1.0, share_prefix=True)
+    assert shapes == [tuple(ids.shape)]
+
+
+def test_a_model_that_ignores_the_cache_is_an_error(model):
+    class DropsCache(torch.nn.Module):  # fills the prompt cache, then runs the completions without it
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config, self.calls = inner, inner.config, 0
+
+        def forward(self, cache=None, **kwargs):
+            self.calls += 1
+            return self.inner(**kwargs, **({"cache": cache} if self.calls == 1 else {}))
+
+    ids, mask, length = _batch(model.config.vocab_size)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="shared_prefix_scoring=False"):
+        score_completions(DropsCache(model), ids, mask, length, 1.0, share_prefix=True)
+
+
+def test_lora_gradients_match(model):
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(
+        model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    ids, mask, length = _batch(model.config.vocab_size)
+    plain = _score_and_grads(lora, ids, mask, length, share=False)
+    shared = _score_and_grads(lora, ids, mask, length, share=True)
+    assert plain[2] and all("lora_" in name for name in plain[2])
+    for name, grad in plain[2].items():
+        torch.testing.assert_close(shared[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
+
+
+def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_dataset, grpo_kwargs):
+    """Two optimizer steps with TRL's default gradient checkpointing: the same completions, the same parameters."""
+    params = {}
+    for share in (False, True):
+        kwargs = {**grpo_kwargs, "gradient_checkpointing": True, "max_steps": 2, "shared_prefix_scoring": share}
+        kwargs["output_dir"] = f"{grpo_kwargs['output_dir']}/{share}"
+        trainer = GRPOTrainer(
+            tiny_lm_path,
+            lambda completions, **kw: [float(len(c)) for c in completions],
+            args=GRPOConfig(**kwargs),
+            train_dataset=_arithmetic_dataset,
+        )
+        trainer.train()
+        params[share] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    initial = AutoModelForCausalLM.from_pretrained(tiny_lm_path).state_dict()
+    assert any(not torch.equal(p, initial[n]) for n, p in params[True].items())  # it trained
+    for name, value in params[False].items():
+        torch.testing.assert_close(params[True][name], value, atol=1e-4, rtol=1e-4)

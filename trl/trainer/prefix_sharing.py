@@ -1,0 +1,157 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Computing each distinct prompt once: GRPO repeats every prompt `num_generations` times, so the keys and values of a
+prompt's tokens are the same in all of its rows. Generation prefills each distinct prompt once and lets `generate`
+continue from the copied cache; scoring (reference, old-policy and training log-probs) runs the distinct prompts, then
+the completions of every row on top of them, gradients included."""
+
+import functools
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+
+def unique_prompt_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of a left-padded prompt batch and, for every row, the index of its distinct row.
+
+    Args:
+        prompt_ids, prompt_mask: `(N, P)` integer tensors; two rows are the same prompt when both their ids and mask
+            are equal.
+
+    Returns:
+        `first` `(U,)` int64: the first row of each distinct prompt, in order of first appearance; `inverse` `(N,)`
+        int64: `prompt_ids[first][inverse] == prompt_ids`.
+    """
+    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    n = inverse.numel()
+    # first occurrence of each unique row, then renumber the unique rows by first appearance
+    first = torch.full((int(inverse.max()) + 1,), n, dtype=torch.long, device=inverse.device)
+    first.scatter_reduce_(0, inverse, torch.arange(n, device=inverse.device), reduce="amin")
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device)
+    return first[order], rank[inverse]
+
+
+class _WriteOnceLayer(DynamicLayer):
+    """Keeps the keys/values of the first `update` and hands later ones back unchanged: gradient checkpointing replays
+    a layer's forward during the backward pass, and the replay must neither append a second copy nor see the first."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            return super().update(key_states, value_states, *args, **kwargs)
+        return key_states, value_states
+
+
+class _PrefixLayer(DynamicLayer):
+    """A read-only prefix: `update` returns prefix + new states without storing them, so a forward (and its replay
+    under gradient checkpointing) attends to the prefix and leaves the cache as it was."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
+        self.reads = 0  # a model that ignored the cache would leave it at 0 (see `prefix_was_read`)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.reads += 1
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+
+def _text_config(model: nn.Module):
+    """The text model's config, through DDP/DeepSpeed wrappers (whose `config` is their own, or absent)."""
+    while not isinstance(getattr(model, "config", None), PretrainedConfig) and hasattr(model, "module"):
+        model = model.module
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def shared_prefix_cache(
+    model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, read_only: bool = False
+) -> DynamicCache | None:
+    """The KV cache of every prompt row but its last token, computed once per distinct prompt.
+
+    Args:
+        model: a causal LM (or a PEFT/DDP/DeepSpeed wrapper around one). Gradients flow into the shared keys/values
+            when they are enabled (each distinct prompt then receives the summed gradient of its rows).
+        prompt_ids, prompt_mask: `(N, P)` left-padded prompts and their attention mask.
+        read_only: `False` (generation): a `DynamicCache` that `generate` extends. `True` (scoring): a cache whose
+            layers return prefix + new keys/values without storing them, so one forward over the completions attends
+            to the prompt, and gradient checkpointing can replay it; `None` for models whose cache has layers other
+            than plain full-attention ones (sliding windows, linear attention).
+
+    Returns:
+        A `DynamicCache` of batch N and length P - 1, or `None` when sharing saves nothing (no repeated prompt, P = 1)
+        or the prompts are not left-padded (a row whose last token is padding).
+    """
+    if prompt_ids.size(1) < 2 or not bool(prompt_mask[:, -1].all()):
+        return None
+    first, inverse = unique_prompt_rows(prompt_ids, prompt_mask)
+    if first.numel() == prompt_ids.size(0):
+        return None
+    cache = DynamicCache(config=_text_config(model))
+    if read_only:
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+            return None
+        cache.layers = [_WriteOnceLayer() for _ in cache.layers]
+    ids, mask = prompt_ids[first, :-1], prompt_mask[first, :-1]
+    position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # numbered as `generate` does
+    model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=cache, logits_to_keep=1)
+    if read_only:
+        if not all(layer.is_initialized for layer in cache.layers):  # a layer did not write: the model has no use
+            return None  # for this cache
+        # a new cache object: a replay of the prompt pass (gradient checkpointing) still finds its write-once layers
+        prefix = DynamicCache(config=_text_config(model))
+        prefix.layers = [_PrefixLayer(layer.keys[inverse], layer.values[inverse]) for layer in cache.layers]
+        return prefix
+    else:
+        cache.batch_select_indices(inverse)
+    return cache
+
+
+def prefix_was_read(cache: DynamicCache) -> bool:
+    """Whether every layer of a read-only `shared_prefix_cache` was read since it was made: a model whose forward does
+    not pass the cache to its layers computes without the prompt, and the caller must then not use that result."""
+    return all(layer.reads > 0 for layer in cache.layers)
+
+
+def checkpointing_keeps_cache(model: nn.Module) -> bool:
+    """Whether a forward of `model` can use a read-only `shared_prefix_cache` right now.
+
+    `True` without gradients or without gradient checkpointing. With both, transformers drops the cache of every
+    checkpointed layer unless told the layer only reads it (`GradientCheckpointingLayer._can_checkpoint_with_cache`,
+    see `cache_kept_under_checkpointing`); that is only sound with non-reentrant checkpointing (the reentrant kind does
+    not send gradients to tensors it is not passed, such as the cached prompt keys). `False` for reentrant
+    checkpointing and for transformers versions without the flag.
+    """
+    if not torch.is_grad_enabled():
+        return True
+    checkpointed = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) and m.training]
+    if not checkpointed:
+        return True
+    if not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):
+        return False
+    for module in checkpointed:
+        func = getattr(module, "_gradient_checkpointing_func", None)
+        if not isinstance(func, functools.partial) or func.keywords.get("use_reentrant", True) is not False:
+            return False
+    return True
+
+
+@contextmanager
+def cache_kept_under_checkpointing(model: nn.Module):
+    """Let the checkpointed layers of `model` keep a read-only cache for the duration (see `checkpointing_keeps_cache`;
+    the flag is set on the layer instances and removed afterwards)."""
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    layers = [m for m in layers if "_can_checkpoint_with_cache" not in vars(m)]
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache
