@@ -14,11 +14,13 @@ then, with the Python where this package is installed (upstream's Python default
     python benchmarks/compare_upstream_trl.py --grid max_completion_length=16,32,64 --repeats 1
     python benchmarks/compare_upstream_trl.py --grid num_generations=4,8,16 --repeats 1
     python benchmarks/compare_upstream_trl.py --preset tiny --configs none,every
+    python benchmarks/compare_upstream_trl.py --preset fewshot                # long prompts
     python benchmarks/compare_upstream_trl.py --impls ours --ours_kwargs '{"generation_implementation": "generate"}'
 
 Presets: `issue10` (default) is a 3.1M-parameter Qwen2 (hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate
 704) generating 16 completions of 32 tokens per step (2 prompts × 8) with a soft sync (α = 0.6) every 4 steps; `tiny`
-is a 64-wide 2-layer Qwen2 generating 64 completions of 8 tokens per step, with no sync or a sync every step.
+is a 64-wide 2-layer Qwen2 generating 64 completions of 8 tokens per step, with no sync or a sync every step;
+`fewshot` is `issue10` with 16 worked examples before each question (~105-token prompts).
 
 The model folder is built once (with `trl.models.tiny.build_tiny_causal_lm`) and loaded by both. Each run is a
 fresh subprocess: ours under this interpreter, upstream's under `--upstream_python`. The worker (this same file, run
@@ -119,6 +121,9 @@ PRESETS = {
         configs="soft4",
     ),
 }
+# `fewshot`: the issue10 work with 16 worked examples ("3+4=7\n", 6-7 tokens each) before every question, so that
+# prompts are ~105 tokens (the 32-token completions are then a quarter of each sequence, as in typical GRPO data).
+PRESETS["fewshot"] = dict(PRESETS["issue10"], fewshot=16)
 SYNC_CONFIGS = {  # name -> (sync_ref_model, ref_model_sync_steps)
     "none": (False, 1),
     "every": (True, 1),
@@ -171,8 +176,11 @@ def _worker(args) -> None:
     rng = random.Random(0)
     rows = {"prompt": [], "answer": []}
     for _ in range(4096):
+        shots = "".join(
+            f"{x}+{y}={x + y}\n" for x, y in ((rng.randint(0, 9), rng.randint(0, 9)) for _ in range(args.fewshot))
+        )
         a, b = rng.randint(0, 9), rng.randint(0, 9)
-        rows["prompt"].append(f"{a}+{b}=")
+        rows["prompt"].append(f"{shots}{a}+{b}=")
         rows["answer"].append(str(a + b))
     dataset = Dataset.from_dict(rows)
     first_int = re.compile(r"\s*(\d+)")
@@ -186,6 +194,7 @@ def _worker(args) -> None:
         return out
 
     parts = _PartClock()
+    GemmProfiler = _gemm_profiler_class()
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -218,7 +227,10 @@ def _worker(args) -> None:
     config = GRPOConfig(**kwargs)
     trainer = GRPOTrainer(model=args.model_dir, reward_funcs=[digit_reward], args=config, train_dataset=dataset)
     timer = StepTimer()
+    gemm = GemmProfiler(args.steps - args.profile_steps) if args.profile_steps else None
     trainer.add_callback(timer)  # after the trainer's own callbacks: the reference sync (on_step_end) is timed
+    if gemm is not None:  # added after the timer: its profiling never overlaps a timed step boundary
+        trainer.add_callback(gemm)
     trainer.remove_callback(PrinterCallback)
     _install_part_timers(trainer, parts, args.worker)
     trainer.train()
@@ -234,9 +246,38 @@ def _worker(args) -> None:
         times=timer.times,
         cpu_times=timer.cpu_times,
         parts=timer.parts,
+        gemm_ms=gemm.ms_per_step if gemm is not None else None,
     )
     with open(args.out, "w") as f:
         json.dump(result, f)
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def _gemm_profiler_class():
+    import torch
+    from transformers import TrainerCallback
+
+    class GemmProfiler(TrainerCallback):
+        """Self CPU ms per step of the matrix-multiply kernels (`GEMM_OPS`) over the steps after `start`, measured with
+        `torch.profiler` (which slows everything else down, so those steps' times are not comparable)."""
+
+        def __init__(self, start: int):
+            self.start, self.ms_per_step, self._profiler = start, None, None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == self.start:
+                self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                self._profiler.__enter__()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self._profiler.__exit__(None, None, None)
+            events = self._profiler.key_averages()
+            total_us = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS)
+            self.ms_per_step = total_us / 1e3 / (state.global_step - self.start)
+
+    return GemmProfiler
 
 
 class _PartClock:
@@ -322,7 +363,17 @@ def _install_part_timers(trainer, parts: _PartClock, impl: str) -> None:
 # ----------------------------------------------------------------------------------------------------- orchestrator
 
 
-def _run_worker(python: str, impl: str, model_dir: str, steps: int, sync: str, threads: int, train: dict) -> dict:
+def _run_worker(
+    python: str,
+    impl: str,
+    model_dir: str,
+    steps: int,
+    sync: str,
+    threads: int,
+    train: dict,
+    fewshot: int = 0,
+    profile_steps: int = 0,
+) -> dict:
     out = tempfile.mktemp(suffix=".json")
     env = dict(
         os.environ,
@@ -335,7 +386,8 @@ def _run_worker(python: str, impl: str, model_dir: str, steps: int, sync: str, t
     if impl == "ours":  # this checkout, even if the editable install of `trl` points at another one
         env["PYTHONPATH"] = REPO_ROOT
     cmd = [python, HERE, "--worker", impl, "--model_dir", model_dir, "--steps", str(steps), "--sync", sync]
-    cmd += ["--threads", str(threads), "--train_kwargs", json.dumps(train), "--out", out]
+    cmd += ["--threads", str(threads), "--train_kwargs", json.dumps(train), "--out", out, "--fewshot", str(fewshot)]
+    cmd += ["--profile_steps", str(profile_steps)]
     # cwd outside the repository, so that upstream's interpreter cannot find our `trl` through the current directory
     proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -353,6 +405,37 @@ def _parse_grid(text: str | None) -> list[tuple[str, dict]]:
         return [("", {})]
     key, values = text.split("=", 1)
     return [(f"{key}={v}", {key: json.loads(v)}) for v in values.split(",")]
+
+
+def _print_gemm_floor(args, impls, cases, stats, model_dir, preset) -> None:
+    """One profiled run per implementation and case: GEMM CPU ms per step, and what it means for the ratio."""
+    print(
+        f"\nMatrix multiplies ({', '.join(GEMM_OPS)}), self CPU ms per step over the last {args.profile_steps} steps "
+        "of one profiled run. The same maths needs at least these; `floor` = ours' GEMM time / upstream's CPU s/step "
+        "above, the best ratio any implementation of our matrix multiplies could reach."
+    )
+    print("| case | " + " | ".join(f"{impl} GEMM ms" for impl in impls) + " | floor ours/upstream |")
+    print("|---|" + "---:|" * (len(impls) + 1))
+    for c, label, train in cases:
+        gemm = {}
+        for impl in impls:
+            python = sys.executable if impl == "ours" else args.upstream_python
+            extra = json.loads(args.ours_kwargs) if impl == "ours" else {}
+            r = _run_worker(
+                python,
+                impl,
+                model_dir,
+                args.steps,
+                c,
+                args.threads,
+                {**train, **extra},
+                preset.get("fewshot", 0),
+                args.profile_steps,
+            )
+            gemm[impl] = r["gemm_ms"]
+        upstream = stats.get(("upstream", c, label))
+        floor = f"{gemm['ours'] / (upstream['cpu'] * 1e3):.2f}" if upstream and "ours" in gemm else "-"
+        print(f"| sync={c} {label} | " + " | ".join(f"{gemm[i]:.1f}" for i in impls) + f" | {floor} |")
 
 
 def _load() -> str:
@@ -387,6 +470,14 @@ def main() -> None:
     parser.add_argument("--sync", default="none", help=argparse.SUPPRESS)
     parser.add_argument("--train_kwargs", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--fewshot", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--profile_steps",
+        type=int,
+        default=0,
+        help="after the timed runs, one more run per implementation that profiles its last N steps and prints the "
+        "matrix-multiply (GEMM) CPU ms per step: the floor no implementation of the same maths goes below",
+    )
     args = parser.parse_args()
     if args.worker:
         return _worker(args)
@@ -414,7 +505,8 @@ def main() -> None:
                 python = sys.executable if impl == "ours" else args.upstream_python
                 start = time.perf_counter()
                 extra = json.loads(args.ours_kwargs) if impl == "ours" else {}
-                r = _run_worker(python, impl, model_dir, args.steps, c, args.threads, {**train, **extra})
+                fewshot = preset.get("fewshot", 0)
+                r = _run_worker(python, impl, model_dir, args.steps, c, args.threads, {**train, **extra}, fewshot)
                 results[(impl, c, label)].append(r)
                 meta[impl] = r
                 kept = r["times"][args.warmup :]
@@ -427,6 +519,7 @@ def main() -> None:
 
     shape = ", ".join(f"{k} {v}" for k, v in preset["model"].items())
     train = ", ".join(f"{k} {v}" for k, v in preset["train"].items())
+    train += f"; {preset['fewshot']} worked examples before each question" if preset.get("fewshot") else ""
     print(
         f"\nGRPO step, preset {args.preset}: Qwen2 ({shape}), fp32, CPU, {args.threads} torch thread(s); {train}; "
         f"beta 0.04, loss dapo, num_iterations 1; {args.steps} steps/run, first {args.warmup} dropped, "
@@ -473,6 +566,8 @@ def main() -> None:
         "optimizer = optimizer.step; sync = the reference-sync callback; other = the rest of the step "
         "(gradient clipping, scheduler, callbacks)."
     )
+    if args.profile_steps:
+        _print_gemm_floor(args, impls, cases, stats, model_dir, preset)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"/".join(k): v for k, v in results.items()}, f)

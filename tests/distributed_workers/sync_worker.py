@@ -239,6 +239,7 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
         "generate_saw_full_weights": generate_saw_full_weights,
     }
     result["ref_forward_error"] = reference_forward_error(trainer)
+    result["shared_scoring_error"] = shared_scoring_error(trainer)
     result["checkpoint_roundtrip_equal"] = checkpoint_roundtrip(trainer)
     if mode == "zero3":
         result["mismatch"] = zero3_mismatch(trainer)
@@ -277,6 +278,27 @@ def reference_forward_error(trainer) -> float:
         expected = plain(input_ids=input_ids).logits
         actual = trainer.ref_model(input_ids=input_ids).logits
     return (actual - expected).abs().max().item()
+
+
+def shared_scoring_error(trainer) -> float:
+    """Max |log-prob difference| between shared-prefix scoring and one plain pass, through the prepared policy (DDP or
+    DeepSpeed engine, training mode, gradients on): the two forwards of the shared path see the same weights."""
+    from trl.trainer.grpo_scoring import score_completions
+
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(5, 40, (2, 6), generator=g).repeat_interleave(3, 0)
+    input_ids = torch.cat([prompts, torch.randint(5, 40, (6, 4), generator=g)], 1)
+    mask = torch.ones_like(input_ids)
+    mask[:3, :2] = 0  # a left-padded prompt
+    trainer.model_wrapped.train()
+    plain = score_completions(trainer.model_wrapped, input_ids, mask, 4, 1.0, share_prefix=False).per_token_logps
+    inner = trainer.accelerator.unwrap_model(trainer.model)
+    forward, shapes = inner.forward, []
+    inner.forward = lambda **kwargs: shapes.append(list(kwargs["input_ids"].shape)) or forward(**kwargs)
+    shared = score_completions(trainer.model_wrapped, input_ids, mask, 4, 1.0, share_prefix=True).per_token_logps
+    inner.forward = forward
+    assert shared.requires_grad and shapes == [[2, 5], [6, 5]], shapes  # 2 distinct prompts, then every row
+    return (shared - plain).abs().max().item()
 
 
 def zero3_mismatch(trainer) -> dict:
