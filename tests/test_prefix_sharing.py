@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_scoring import score_completions
-from trl.trainer.prefix_sharing import checkpointing_keeps_cache
+from trl.trainer.prefix_sharing import scoring_can_share_prefix
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def _record_forward_shapes(model):
 def test_shared_scoring_equals_one_plain_pass_values_and_gradients(model, checkpointing):
     if checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
-        assert checkpointing_keeps_cache(model)
+        assert scoring_can_share_prefix(model)
     ids, mask, length = _batch(model.config.vocab_size)
     plain = _score_and_grads(model, ids, mask, length, share=False)
     shapes = _record_forward_shapes(model)
@@ -86,15 +86,70 @@ def test_shared_scoring_without_gradients(model):
     ids, mask, length = _batch(model.config.vocab_size, prompt_lengths=(2, 7, 4), repeats=3)
     with torch.no_grad():
         plain = score_completions(model, ids, mask, length, 1.0, batch_size=6)
+        shapes = _record_forward_shapes(model)
         shared = score_completions(model, ids, mask, length, 1.0, batch_size=6, share_prefix=True)
     torch.testing.assert_close(shared.per_token_logps, plain.per_token_logps, atol=1e-5, rtol=0)
+    prompt = ids.size(1) - length - 1
+    # chunks of 6 rows: prompts A A A B B B | C C C, then each chunk's rows
+    assert shapes == [(2, prompt), (6, length + 1), (1, prompt), (3, length + 1)]
+
+
+def _moe_model(**overrides):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        **overrides,
+    )
+    torch.manual_seed(0)
+    return MixtralForCausalLM(config).eval()
+
+
+def test_moe_model_that_asks_for_router_logits(model):
+    moe = _moe_model(output_router_logits=True)
+    ids, mask, length = _batch(moe.config.vocab_size)
+    with torch.no_grad():
+        plain = score_completions(moe, ids, mask, length, 1.0)
+        shapes = _record_forward_shapes(moe)
+        shared = score_completions(moe, ids, mask, length, 1.0, share_prefix=True)
+        assert len(shapes) == 2
+        # the training pass computes the router loss over every token of one pass: no sharing there
+        shapes.clear()
+        score_completions(moe, ids, mask, length, 1.0, compute_aux_loss=True, share_prefix=True)
+        assert shapes == [tuple(ids.shape)]
+    torch.testing.assert_close(shared.per_token_logps, plain.per_token_logps, atol=1e-5, rtol=0)
+
+
+def test_prompt_learning_adapters_and_dropout_fall_back(model):
+    peft = pytest.importorskip("peft")
+    ids, mask, length = _batch(model.config.vocab_size)
+    tuned = peft.get_peft_model(model, peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3))
+    with torch.no_grad():
+        plain = score_completions(tuned, ids, mask, length, 1.0)
+        shared = score_completions(tuned, ids, mask, length, 1.0, share_prefix=True)
+    torch.testing.assert_close(shared.per_token_logps, plain.per_token_logps, atol=0, rtol=0)  # the same one pass
+
+    dropout = AutoModelForCausalLM.from_pretrained(model.config._name_or_path, attention_dropout=0.5)
+    dropout.train()
+    assert not scoring_can_share_prefix(dropout)  # the rows of a group would share one dropout mask
+    with torch.no_grad():
+        assert scoring_can_share_prefix(dropout)
+    dropout.eval()
+    assert scoring_can_share_prefix(dropout)
 
 
 def test_reentrant_checkpointing_falls_back_to_plain_passes(model):
     model.gradient_checkpointing_enable({"use_reentrant": True})
-    assert not checkpointing_keeps_cache(model)  # reentrant checkpointing would lose the cached prompt's gradient
+    assert not scoring_can_share_prefix(model)  # reentrant checkpointing would lose the cached prompt's gradient
     with torch.no_grad():
-        assert checkpointing_keeps_cache(model)  # nothing is checkpointed without gradients
+        assert scoring_can_share_prefix(model)  # nothing is checkpointed without gradients
     ids, mask, length = _batch(model.config.vocab_size)
     shapes = _record_forward_shapes(model)
     score_completions(model, ids, mask, length, 1.0, share_prefix=True)
@@ -131,14 +186,28 @@ def test_lora_gradients_match(model):
     )
     ids, mask, length = _batch(model.config.vocab_size)
     plain = _score_and_grads(lora, ids, mask, length, share=False)
+    shapes = _record_forward_shapes(lora)
     shared = _score_and_grads(lora, ids, mask, length, share=True)
+    assert len(shapes) == 2  # the shared path ran
     assert plain[2] and all("lora_" in name for name in plain[2])
     for name, grad in plain[2].items():
         torch.testing.assert_close(shared[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
 
 
-def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_dataset, grpo_kwargs):
+def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_dataset, grpo_kwargs, monkeypatch):
     """Two optimizer steps with TRL's default gradient checkpointing: the same completions, the same parameters."""
+    from trl.trainer import grpo_scoring
+
+    shared_passes = []  # (gradients on, rows) of every pass that shared its prompts
+    make_cache = grpo_scoring.shared_prefix_cache
+
+    def counting(model, ids, *args):
+        cache = make_cache(model, ids, *args)
+        if cache is not None:
+            shared_passes.append((torch.is_grad_enabled(), ids.size(0)))
+        return cache
+
+    monkeypatch.setattr(grpo_scoring, "shared_prefix_cache", counting)
     params = {}
     for share in (False, True):
         kwargs = {**grpo_kwargs, "gradient_checkpointing": True, "max_steps": 2, "shared_prefix_scoring": share}
@@ -151,6 +220,10 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
         )
         trainer.train()
         params[share] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        if share:  # per step: 2 reference chunks of 4 rows (one prompt each) and micro-batches with gradients
+            assert shared_passes.count((False, 4)) == 4 and (True, 4) in shared_passes, shared_passes
+        else:
+            assert shared_passes == []
     initial = AutoModelForCausalLM.from_pretrained(tiny_lm_path).state_dict()
     assert any(not torch.equal(p, initial[n]) for n, p in params[True].items())  # it trained
     for name, value in params[False].items():

@@ -239,7 +239,7 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
         "generate_saw_full_weights": generate_saw_full_weights,
     }
     result["ref_forward_error"] = reference_forward_error(trainer)
-    result["shared_scoring_error"] = shared_scoring_error(trainer)
+    result["shared_scoring"] = shared_scoring(trainer)
     result["checkpoint_roundtrip_equal"] = checkpoint_roundtrip(trainer)
     if mode == "zero3":
         result["mismatch"] = zero3_mismatch(trainer)
@@ -280,9 +280,9 @@ def reference_forward_error(trainer) -> float:
     return (actual - expected).abs().max().item()
 
 
-def shared_scoring_error(trainer) -> float:
-    """Max |log-prob difference| between shared-prefix scoring and one plain pass, through the prepared policy (DDP or
-    DeepSpeed engine, training mode, gradients on): the two forwards of the shared path see the same weights."""
+def shared_scoring(trainer) -> dict:
+    """Shared-prefix scoring through the prepared policy (DDP or DeepSpeed engine, training mode): the max |log-prob
+    difference| to one plain pass without gradients, and whether a pass with gradients shares (not under ZeRO-3)."""
     from trl.trainer.grpo_scoring import score_completions
 
     g = torch.Generator().manual_seed(1)
@@ -290,15 +290,19 @@ def shared_scoring_error(trainer) -> float:
     input_ids = torch.cat([prompts, torch.randint(5, 40, (6, 4), generator=g)], 1)
     mask = torch.ones_like(input_ids)
     mask[:3, :2] = 0  # a left-padded prompt
-    trainer.model_wrapped.train()
-    plain = score_completions(trainer.model_wrapped, input_ids, mask, 4, 1.0, share_prefix=False).per_token_logps
+    policy = trainer.model_wrapped
+    policy.train()
     inner = trainer.accelerator.unwrap_model(trainer.model)
     forward, shapes = inner.forward, []
     inner.forward = lambda **kwargs: shapes.append(list(kwargs["input_ids"].shape)) or forward(**kwargs)
-    shared = score_completions(trainer.model_wrapped, input_ids, mask, 4, 1.0, share_prefix=True).per_token_logps
+    with torch.no_grad():
+        plain = score_completions(policy, input_ids, mask, 4, 1.0, share_prefix=False).per_token_logps
+        shared = score_completions(policy, input_ids, mask, 4, 1.0, share_prefix=True).per_token_logps
+    assert shapes == [[6, 10], [2, 5], [6, 5]], shapes  # one pass; then 2 distinct prompts, then every row
+    shapes.clear()
+    assert score_completions(policy, input_ids, mask, 4, 1.0, share_prefix=True).per_token_logps.requires_grad
     inner.forward = forward
-    assert shared.requires_grad and shapes == [[2, 5], [6, 5]], shapes  # 2 distinct prompts, then every row
-    return (shared - plain).abs().max().item()
+    return {"error": (shared - plain).abs().max().item(), "shares_with_gradients": len(shapes) == 2}
 
 
 def zero3_mismatch(trainer) -> dict:

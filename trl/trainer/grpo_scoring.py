@@ -11,9 +11,10 @@ from torch import nn
 from .grpo_losses import selective_log_softmax
 from .prefix_sharing import (
     cache_kept_under_checkpointing,
-    checkpointing_keeps_cache,
     prefix_was_read,
+    scoring_can_share_prefix,
     shared_prefix_cache,
+    text_config,
 )
 
 
@@ -49,8 +50,9 @@ def score_completions(
     unshared one up to float rounding (the prompt is computed in a smaller batch) at `(P - 1)(N - U)` fewer token
     positions per pass, U the number of distinct prompts. It falls back to one plain pass when there is nothing to
     share, with `compute_aux_loss` (the router loss covers every token of one pass), for caches other than full
-    attention, and under gradient checkpointing that would drop the cache (see
-    `prefix_sharing.checkpointing_keeps_cache`).
+    attention, for PEFT prompt learning, and, with gradients, for ZeRO-3/FSDP2 parameters, active dropout and
+    gradient checkpointing that would drop the cache (see `prefix_sharing.scoring_can_share_prefix`). A model that
+    takes the cache but does not pass it to its layers raises a `RuntimeError`.
 
     Args:
         model: a causal LM (possibly wrapped).
@@ -73,7 +75,7 @@ def score_completions(
         ids = input_ids[start : start + batch_size]
         mask = attention_mask[start : start + batch_size]
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        share = share_prefix and not compute_aux_loss and checkpointing_keeps_cache(model)
+        share = share_prefix and not compute_aux_loss and scoring_can_share_prefix(model)
         with cache_kept_under_checkpointing(model) if share else nullcontext():
             prompt_length = ids.size(1) - logits_to_keep
             cache = (
@@ -90,12 +92,16 @@ def score_completions(
                     **extra,
                 )
             else:  # the last prompt token (it predicts the first completion token) and the completion, on the prompt
+                # (a MoE model whose config asks for router logits would pair them with the whole attention mask)
+                asks = getattr(text_config(model), "output_router_logits", False)
+                no_router_logits = {"output_router_logits": False} if asks else {}
                 outputs = model(
                     input_ids=ids[:, prompt_length - 1 :],
                     attention_mask=mask,
                     position_ids=position_ids[:, prompt_length - 1 :],
                     cache=cache,
                     logits_to_keep=logits_to_keep + 1,
+                    **no_router_logits,
                 )
                 if not prefix_was_read(cache):
                     raise RuntimeError(

@@ -13,6 +13,8 @@ from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from .ref_sync import PLAIN, tensor_layout
+
 
 def unique_prompt_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The distinct rows of a left-padded prompt batch and, for every row, the index of its distinct row.
@@ -49,24 +51,31 @@ class _WriteOnceLayer(DynamicLayer):
 
 class _PrefixLayer(DynamicLayer):
     """A read-only prefix: `update` returns prefix + new states without storing them, so a forward (and its replay
-    under gradient checkpointing) attends to the prefix and leaves the cache as it was."""
+    under gradient checkpointing) attends to the prefix and leaves the cache as it was. It holds the U distinct
+    prompts' keys/values and expands them to the N rows (`inverse`) only inside `update`, one layer at a time."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, inverse: torch.Tensor):
         super().__init__()
         self.lazy_initialization(keys, values)
-        self.keys, self.values = keys, values
+        self.keys, self.values, self.inverse = keys, values, inverse
         self.reads = 0  # a model that ignored the cache would leave it at 0 (see `prefix_was_read`)
 
     def update(self, key_states, value_states, *args, **kwargs):
         self.reads += 1
-        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+        keys, values = self.keys[self.inverse], self.values[self.inverse]
+        return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
 
-def _text_config(model: nn.Module):
-    """The text model's config, through DDP/DeepSpeed wrappers (whose `config` is their own, or absent)."""
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP/DeepSpeed wrappers (whose `config` is their own, or absent); PEFT models stay as they are."""
     while not isinstance(getattr(model, "config", None), PretrainedConfig) and hasattr(model, "module"):
         model = model.module
-    config = model.config
+    return model
+
+
+def text_config(model: nn.Module):
+    """The text model's config of `model`, through DDP/DeepSpeed/PEFT wrappers."""
+    config = _unwrap(model).config
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
@@ -85,15 +94,19 @@ def shared_prefix_cache(
             than plain full-attention ones (sliding windows, linear attention).
 
     Returns:
-        A `DynamicCache` of batch N and length P - 1, or `None` when sharing saves nothing (no repeated prompt, P = 1)
-        or the prompts are not left-padded (a row whose last token is padding).
+        A `DynamicCache` of batch N and length P - 1, or `None` when sharing saves nothing (no repeated prompt, P = 1),
+        the prompts are not left-padded (a row whose last token is padding), or for PEFT prompt learning (prompt or
+        prefix tuning adds its own tokens to every forward).
     """
     if prompt_ids.size(1) < 2 or not bool(prompt_mask[:, -1].all()):
+        return None
+    peft_config = getattr(_unwrap(model), "active_peft_config", None)
+    if getattr(peft_config, "is_prompt_learning", False):  # PEFT prepends its own virtual tokens or cache
         return None
     first, inverse = unique_prompt_rows(prompt_ids, prompt_mask)
     if first.numel() == prompt_ids.size(0):
         return None
-    cache = DynamicCache(config=_text_config(model))
+    cache = DynamicCache(config=text_config(model))
     if read_only:
         if any(type(layer) is not DynamicLayer for layer in cache.layers):
             return None
@@ -105,8 +118,8 @@ def shared_prefix_cache(
         if not all(layer.is_initialized for layer in cache.layers):  # a layer did not write: the model has no use
             return None  # for this cache
         # a new cache object: a replay of the prompt pass (gradient checkpointing) still finds its write-once layers
-        prefix = DynamicCache(config=_text_config(model))
-        prefix.layers = [_PrefixLayer(layer.keys[inverse], layer.values[inverse]) for layer in cache.layers]
+        prefix = DynamicCache(config=text_config(model))
+        prefix.layers = [_PrefixLayer(layer.keys, layer.values, inverse) for layer in cache.layers]
         return prefix
     else:
         cache.batch_select_indices(inverse)
@@ -119,17 +132,30 @@ def prefix_was_read(cache: DynamicCache) -> bool:
     return all(layer.reads > 0 for layer in cache.layers)
 
 
-def checkpointing_keeps_cache(model: nn.Module) -> bool:
-    """Whether a forward of `model` can use a read-only `shared_prefix_cache` right now.
+def scoring_can_share_prefix(model: nn.Module) -> bool:
+    """Whether a forward of `model` can use a read-only `shared_prefix_cache` right now, gradients included.
 
-    `True` without gradients or without gradient checkpointing. With both, transformers drops the cache of every
-    checkpointed layer unless told the layer only reads it (`GradientCheckpointingLayer._can_checkpoint_with_cache`,
-    see `cache_kept_under_checkpointing`); that is only sound with non-reentrant checkpointing (the reentrant kind does
-    not send gradients to tensors it is not passed, such as the cached prompt keys). `False` for reentrant
-    checkpointing and for transformers versions without the flag.
+    Without gradients: always. With gradients, `False`:
+    - for DeepSpeed ZeRO-3 and FSDP2 (DTensor) parameters: the prompt pass's last layer gets no gradient of its own,
+      so FSDP2 never re-gathers its weights for the backward (the gradient reaching its keys/values then fails);
+      ZeRO-3 is kept off with it, as its gradients through two passes are untested;
+    - with dropout active (an `nn.Dropout` with p > 0 or a text config's `attention_dropout` > 0, in training mode):
+      the rows of a group would share one dropout mask over their prompt;
+    - under gradient checkpointing, unless it can keep the cache: transformers drops the cache of every checkpointed
+      layer unless told the layer only reads it (`GradientCheckpointingLayer._can_checkpoint_with_cache`, see
+      `cache_kept_under_checkpointing`), which is only sound with non-reentrant checkpointing (the reentrant kind
+      does not send gradients to tensors it is not passed, such as the cached prompt keys), and needs a transformers
+      version with that flag.
     """
     if not torch.is_grad_enabled():
         return True
+    if any(tensor_layout(p) != PLAIN for p in model.parameters()):
+        return False
+    if model.training and (
+        any(isinstance(m, nn.Dropout) and m.p > 0 and m.training for m in model.modules())
+        or getattr(text_config(model), "attention_dropout", 0.0) > 0
+    ):
+        return False
     checkpointed = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) and m.training]
     if not checkpointed:
         return True
@@ -144,7 +170,7 @@ def checkpointing_keeps_cache(model: nn.Module) -> bool:
 
 @contextmanager
 def cache_kept_under_checkpointing(model: nn.Module):
-    """Let the checkpointed layers of `model` keep a read-only cache for the duration (see `checkpointing_keeps_cache`;
+    """Let the checkpointed layers of `model` keep a read-only cache for the duration (see `scoring_can_share_prefix`;
     the flag is set on the layer instances and removed afterwards)."""
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
     layers = [m for m in layers if "_can_checkpoint_with_cache" not in vars(m)]
