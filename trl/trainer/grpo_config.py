@@ -111,8 +111,10 @@ class GRPOConfig(TrainingArguments):
         shared_prefix_scoring (`bool`, *optional*, defaults to `True`):
             Compute each distinct prompt once in the log-prob passes (reference, old policy, and the training forward
             and backward): the prompt's keys and values are shared by the rows that repeat it, gradients included.
-            The log-probs equal the unshared ones up to float rounding; the saving grows with the prompt's share of
-            the sequence. Falls back to plain passes where it cannot apply (see "Generation paths" in the docs).
+            The log-probs and gradients equal the unshared ones up to float rounding; the saving grows with the
+            prompt's share of the sequence. Passes where it cannot apply run plain (with gradients: ZeRO-3/FSDP2
+            parameters, active dropout, reentrant checkpointing; always: MoE router loss, PEFT prompt learning,
+            sliding-window caches); see "Shared-prefix scoring" in the docs.
 
         > Parameters that control the loss
 
