@@ -184,3 +184,32 @@ def test_zero3_single_gpu_sync(qwen2_half_b, tmp_path, monkeypatch):
     with deepspeed.zero.GatheredParameters(list(pol.values()) + list(ref.values())):
         assert all(torch.equal(pol[n], ref[n]) for n in ref)
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in trainer.state.log_history if "loss" in h)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_shared_prefix_scoring_matches_one_pass_on_gpu(qwen2_half_b, checkpointing):
+    """fp32 on CUDA (sdpa): log-probs and gradients of shared-prefix scoring against one plain pass."""
+    from transformers import AutoModelForCausalLM
+
+    from trl.trainer.grpo_scoring import score_completions
+
+    model = AutoModelForCausalLM.from_pretrained(qwen2_half_b, dtype=torch.float32).cuda().train()
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, model.config.vocab_size, (4, 96), generator=g).repeat_interleave(8, 0)
+    mask = torch.ones(32, 96 + 48, dtype=torch.long)
+    mask[:8, :30] = 0  # one left-padded prompt
+    mask[::5, -10:] = 0  # completions that ended early
+    ids = torch.cat([prompts, torch.randint(3, model.config.vocab_size, (32, 48), generator=g)], 1).cuda()
+    mask = mask.cuda()
+    results = {}
+    for share in (False, True):
+        model.zero_grad()
+        logps = score_completions(model, ids, mask, 48, 0.9, share_prefix=share).per_token_logps
+        (logps * mask[:, -48:]).sum().backward()
+        grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[share] = (logps.detach(), grads)
+    torch.testing.assert_close(results[True][0], results[False][0], atol=2e-4, rtol=0)
+    worst = max(((results[True][1][n] - grad).norm() / grad.norm()).item() for n, grad in results[False][1].items())
+    assert worst < 1e-3, worst
