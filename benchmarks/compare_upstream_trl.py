@@ -482,6 +482,8 @@ def main() -> None:
     if args.worker:
         return _worker(args)
 
+    if not 0 <= args.profile_steps < args.steps - args.warmup:
+        raise SystemExit(f"--profile_steps must be below --steps - --warmup ({args.steps - args.warmup}).")
     impls = [i.strip() for i in args.impls.split(",")]
     if "upstream" in impls and not os.path.exists(args.upstream_python):
         raise SystemExit(f"{args.upstream_python} not found: create the upstream venv first (see the docstring).")

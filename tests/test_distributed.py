@@ -139,10 +139,12 @@ def test_grpo_sync_matches_formula_on_every_rank(mode, request):
         assert rank["fallback"] == 0
         _assert_exact_syncs(rank["syncs"], [2, 4])
         assert rank["ref_forward_error"] <= 1e-5  # the prepared reference's forward reads the mixed weights
-        # shared-prefix scoring through the DDP/DeepSpeed wrapper; with gradients, not for ZeRO-3 parameters
+        # shared-prefix scoring through the DDP/DeepSpeed wrapper; never for ZeRO-3 parameters
+        shares = mode != "zero3"
         assert rank["shared_scoring"] == {
             "error": pytest.approx(0, abs=1e-5),
-            "shares_with_gradients": mode != "zero3",
+            "shares_without_gradients": shares,
+            "shares_with_gradients": shares,
         }
         assert rank["checkpoint_roundtrip_equal"]  # the reference saved in a checkpoint restores bitwise
     assert [r["checksum"] for r in results[0]["syncs"]] == [r["checksum"] for r in results[1]["syncs"]]

@@ -68,6 +68,19 @@ def test_shared_prefix_cache_is_none_when_there_is_nothing_to_share(lm):
     assert shared_prefix_cache(model, ids[:1, :3].repeat(2, 1), right_padded) is None
 
 
+def test_prompt_tuning_generates_as_generate_does(lm):
+    """PEFT prompt tuning prepends virtual tokens to every forward: no shared prefix, the tokens of plain generate."""
+    peft = pytest.importorskip("peft")
+    model, tokenizer = lm
+    tuned = peft.get_peft_model(model, peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3))
+    ids, mask = _prompts(tokenizer, ["1+2=", "13+4="], repeats=3)
+    assert shared_prefix_cache(tuned, ids, mask) is None
+    config = GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    shared = sample_completions(tuned, ids, mask, config, "shared_prefix")
+    plain = sample_completions(tuned, ids, mask, config, "generate")
+    assert torch.equal(shared, plain)
+
+
 def _expected_first_token_probs(model, ids, mask, temperature=1.0, top_k=0, top_p=1.0, min_p=None, penalty=1.0):
     """The first-token distribution written out by hand: repetition penalty, temperature, top-k, top-p, min-p (the
     order `generate` applies them in), for every row."""

@@ -143,6 +143,20 @@ def test_prompt_learning_adapters_and_dropout_fall_back(model):
         assert scoring_can_share_prefix(dropout)
     dropout.eval()
     assert scoring_can_share_prefix(dropout)
+    from transformers import OPTConfig, OPTForCausalLM  # dropout applied as a function, named `dropout` in the config
+
+    opt = OPTForCausalLM(
+        OPTConfig(
+            vocab_size=64,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            ffn_dim=16,
+            word_embed_proj_dim=16,
+        )
+    )
+    assert opt.config.dropout > 0 and not scoring_can_share_prefix(opt.train())
+    assert scoring_can_share_prefix(opt.eval())
 
 
 def test_reentrant_checkpointing_falls_back_to_plain_passes(model):

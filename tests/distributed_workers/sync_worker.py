@@ -282,7 +282,8 @@ def reference_forward_error(trainer) -> float:
 
 def shared_scoring(trainer) -> dict:
     """Shared-prefix scoring through the prepared policy (DDP or DeepSpeed engine, training mode): the max |log-prob
-    difference| to one plain pass without gradients, and whether a pass with gradients shares (not under ZeRO-3)."""
+    difference| to one plain pass without gradients, and whether passes without and with gradients share (not for
+    ZeRO-3 parameters)."""
     from trl.trainer.grpo_scoring import score_completions
 
     g = torch.Generator().manual_seed(1)
@@ -297,12 +298,18 @@ def shared_scoring(trainer) -> dict:
     inner.forward = lambda **kwargs: shapes.append(list(kwargs["input_ids"].shape)) or forward(**kwargs)
     with torch.no_grad():
         plain = score_completions(policy, input_ids, mask, 4, 1.0, share_prefix=False).per_token_logps
+        assert shapes == [[6, 10]], shapes  # one plain pass
+        shapes.clear()
         shared = score_completions(policy, input_ids, mask, 4, 1.0, share_prefix=True).per_token_logps
-    assert shapes == [[6, 10], [2, 5], [6, 5]], shapes  # one pass; then 2 distinct prompts, then every row
+        shares_without_gradients = shapes == [[2, 5], [6, 5]]  # 2 distinct prompts, then every row
     shapes.clear()
     assert score_completions(policy, input_ids, mask, 4, 1.0, share_prefix=True).per_token_logps.requires_grad
     inner.forward = forward
-    return {"error": (shared - plain).abs().max().item(), "shares_with_gradients": len(shapes) == 2}
+    return {
+        "error": (shared - plain).abs().max().item(),
+        "shares_without_gradients": shares_without_gradients,
+        "shares_with_gradients": shapes == [[2, 5], [6, 5]],
+    }
 
 
 def zero3_mismatch(trainer) -> dict:

@@ -203,13 +203,15 @@ def test_shared_prefix_scoring_matches_one_pass_on_gpu(qwen2_half_b, checkpointi
     mask[::5, -10:] = 0  # completions that ended early
     ids = torch.cat([prompts, torch.randint(3, model.config.vocab_size, (32, 48), generator=g)], 1).cuda()
     mask = mask.cuda()
-    results = {}
+    results, shapes, forward = {}, [], model.forward
+    model.forward = lambda **kwargs: shapes.append(tuple(kwargs["input_ids"].shape)) or forward(**kwargs)
     for share in (False, True):
         model.zero_grad()
         logps = score_completions(model, ids, mask, 48, 0.9, share_prefix=share).per_token_logps
         (logps * mask[:, -48:]).sum().backward()
         grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
         results[share] = (logps.detach(), grads)
+    assert shapes == [(32, 144), (4, 95), (32, 49)]  # plain; then 4 distinct prompts, then every row
     torch.testing.assert_close(results[True][0], results[False][0], atol=2e-4, rtol=0)
     worst = max(((results[True][1][n] - grad).norm() / grad.norm()).item() for n, grad in results[False][1].items())
     assert worst < 1e-3, worst

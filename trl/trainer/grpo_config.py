@@ -109,12 +109,12 @@ class GRPOConfig(TrainingArguments):
             to its `num_generations` rows, then `generate`; `"generate"`: `generate` on the repeated prompts, as TRL
             does. Both sample from the same distribution; see "Generation paths" in the docs.
         shared_prefix_scoring (`bool`, *optional*, defaults to `True`):
-            Compute each distinct prompt once in the log-prob passes (reference, old policy, and the training forward
-            and backward): the prompt's keys and values are shared by the rows that repeat it, gradients included.
-            The log-probs and gradients equal the unshared ones up to float rounding; the saving grows with the
-            prompt's share of the sequence. Passes where it cannot apply run plain (with gradients: ZeRO-3/FSDP2
-            parameters, active dropout, reentrant checkpointing; always: MoE router loss, PEFT prompt learning,
-            sliding-window caches); see "Shared-prefix scoring" in the docs.
+            Compute each distinct prompt once in the log-prob passes (reference, old policy when the batch is reused,
+            and the training forward and backward): the prompt's keys and values are shared by the rows that repeat
+            it, gradients included. The log-probs and gradients equal the unshared ones up to float rounding; the
+            saving grows with the prompt's share of the sequence. Passes where it cannot apply run plain
+            (ZeRO-3/FSDP2 parameters, PEFT prompt learning, sliding-window caches, the MoE router loss's pass; with
+            gradients, active dropout and reentrant checkpointing); see "Shared-prefix scoring" in the docs.
 
         > Parameters that control the loss
 

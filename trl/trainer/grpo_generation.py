@@ -30,8 +30,8 @@ def sample_completions(
     so they can differ from the unshared ones in the last float bits. It falls back to `"generate"` when there is
     nothing to share (all prompts distinct, one-token prompts), when `generation_config.cache_implementation` asks
     for another cache or `use_cache=False` for none, for models without a `DynamicCache`, when the prompts are not
-    left-padded, or under DeepSpeed ZeRO-3 (whose forward hooks would re-partition the weights gathered for
-    generation).
+    left-padded, for PEFT prompt learning (prompt or prefix tuning adds its own tokens or cache), or under DeepSpeed
+    ZeRO-3 (whose forward hooks would re-partition the weights gathered for generation).
 
     Args:
         model: a causal LM (or a PEFT model around one); put in eval mode for the call, then restored. Runs under

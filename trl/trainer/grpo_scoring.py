@@ -11,6 +11,7 @@ from torch import nn
 from .grpo_losses import selective_log_softmax
 from .prefix_sharing import (
     cache_kept_under_checkpointing,
+    position_ids_from_mask,
     prefix_was_read,
     scoring_can_share_prefix,
     shared_prefix_cache,
@@ -50,9 +51,8 @@ def score_completions(
     unshared one up to float rounding (the prompt is computed in a smaller batch) at `(P - 1)(N - U)` fewer token
     positions per pass, U the number of distinct prompts. It falls back to one plain pass when there is nothing to
     share, with `compute_aux_loss` (the router loss covers every token of one pass), for caches other than full
-    attention, for PEFT prompt learning, and, with gradients, for ZeRO-3/FSDP2 parameters, active dropout and
-    gradient checkpointing that would drop the cache (see `prefix_sharing.scoring_can_share_prefix`). A model that
-    takes the cache but does not pass it to its layers raises a `RuntimeError`.
+    attention, for PEFT prompt learning, for ZeRO-3/FSDP2 parameters, and, with gradients, for active dropout and
+    gradient checkpointing that would drop the cache (see `prefix_sharing.scoring_can_share_prefix`).
 
     Args:
         model: a causal LM (possibly wrapped).
@@ -68,15 +68,23 @@ def score_completions(
 
     Returns:
         `Scores`.
+
+    Raises:
+        RuntimeError: with `share_prefix`, for a model that accepts the prompt cache but does not hand it to its layers
+            (its result would ignore the prompt); set `shared_prefix_scoring=False` for such a model.
     """
     batch_size = batch_size or input_ids.size(0)
     logps, entropies, aux_losses = [], [], []
-    for start in range(0, input_ids.size(0), batch_size):
-        ids = input_ids[start : start + batch_size]
-        mask = attention_mask[start : start + batch_size]
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        share = share_prefix and not compute_aux_loss and scoring_can_share_prefix(model)
-        with cache_kept_under_checkpointing(model) if share else nullcontext():
+    share = share_prefix and not compute_aux_loss and scoring_can_share_prefix(model)
+    # a MoE model whose config asks for router logits would pair them with the whole attention mask
+    no_router_logits = (
+        {"output_router_logits": False} if getattr(text_config(model), "output_router_logits", 0) else {}
+    )
+    with cache_kept_under_checkpointing(model) if share else nullcontext():
+        for start in range(0, input_ids.size(0), batch_size):
+            ids = input_ids[start : start + batch_size]
+            mask = attention_mask[start : start + batch_size]
+            position_ids = position_ids_from_mask(mask)
             prompt_length = ids.size(1) - logits_to_keep
             cache = (
                 shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True) if share else None
@@ -92,9 +100,6 @@ def score_completions(
                     **extra,
                 )
             else:  # the last prompt token (it predicts the first completion token) and the completion, on the prompt
-                # (a MoE model whose config asks for router logits would pair them with the whole attention mask)
-                asks = getattr(text_config(model), "output_router_logits", False)
-                no_router_logits = {"output_router_logits": False} if asks else {}
                 outputs = model(
                     input_ids=ids[:, prompt_length - 1 :],
                     attention_mask=mask,
@@ -107,13 +112,13 @@ def score_completions(
                     raise RuntimeError(
                         f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
                     )
-        logits = outputs.logits[:, :-1, :] / temperature
-        out = selective_log_softmax(logits, ids[:, -logits_to_keep:], 2**28, compute_entropy, entropy_grad)
-        logps.append(out[0] if compute_entropy else out)
-        if compute_entropy:
-            entropies.append(out[1])
-        if compute_aux_loss:
-            aux_losses.append(outputs.aux_loss)
+            logits = outputs.logits[:, :-1, :] / temperature
+            out = selective_log_softmax(logits, ids[:, -logits_to_keep:], 2**28, compute_entropy, entropy_grad)
+            logps.append(out[0] if compute_entropy else out)
+            if compute_entropy:
+                entropies.append(out[1])
+            if compute_aux_loss:
+                aux_losses.append(outputs.aux_loss)
     return Scores(
         torch.cat(logps, dim=0),
         torch.cat(entropies, dim=0) if compute_entropy else None,

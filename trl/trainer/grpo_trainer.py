@@ -683,11 +683,10 @@ class GRPOTrainer(Trainer):
             attention_mask,
             mask.size(1),
             self.temperature,
-            None,
-            True,
-            self.aux_loss_enabled,
-            bonus,
-            self.args.shared_prefix_scoring,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            entropy_grad=bonus,
+            share_prefix=self.args.shared_prefix_scoring,
         )
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:

@@ -8,8 +8,9 @@ import functools
 from contextlib import contextmanager
 
 import torch
+from accelerate.utils import extract_model_from_parallel
 from torch import nn
-from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -39,6 +40,12 @@ def unique_prompt_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> t
     return first[order], rank[inverse]
 
 
+def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """`(N, T)` int64 positions numbered over the attended tokens (left padding does not shift them; padded positions
+    get 0), as `generate` numbers a left-padded prompt; `mask` is the `(N, T)` attention mask."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 class _WriteOnceLayer(DynamicLayer):
     """Keeps the keys/values of the first `update` and hands later ones back unchanged: gradient checkpointing replays
     a layer's forward during the backward pass, and the replay must neither append a second copy nor see the first."""
@@ -66,16 +73,9 @@ class _PrefixLayer(DynamicLayer):
         return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside DDP/DeepSpeed wrappers (whose `config` is their own, or absent); PEFT models stay as they are."""
-    while not isinstance(getattr(model, "config", None), PretrainedConfig) and hasattr(model, "module"):
-        model = model.module
-    return model
-
-
 def text_config(model: nn.Module):
     """The text model's config of `model`, through DDP/DeepSpeed/PEFT wrappers."""
-    config = _unwrap(model).config
+    config = extract_model_from_parallel(model).config
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
@@ -94,13 +94,14 @@ def shared_prefix_cache(
             than plain full-attention ones (sliding windows, linear attention).
 
     Returns:
-        A `DynamicCache` of batch N and length P - 1, or `None` when sharing saves nothing (no repeated prompt, P = 1),
+        A `DynamicCache` of length P - 1 for the N rows (`read_only`: it keeps the U distinct prompts and expands
+        them to the N rows when a layer reads them), or `None` when sharing saves nothing (no repeated prompt, P = 1),
         the prompts are not left-padded (a row whose last token is padding), or for PEFT prompt learning (prompt or
         prefix tuning adds its own tokens to every forward).
     """
     if prompt_ids.size(1) < 2 or not bool(prompt_mask[:, -1].all()):
         return None
-    peft_config = getattr(_unwrap(model), "active_peft_config", None)
+    peft_config = getattr(extract_model_from_parallel(model), "active_peft_config", None)
     if getattr(peft_config, "is_prompt_learning", False):  # PEFT prepends its own virtual tokens or cache
         return None
     first, inverse = unique_prompt_rows(prompt_ids, prompt_mask)
@@ -112,8 +113,7 @@ def shared_prefix_cache(
             return None
         cache.layers = [_WriteOnceLayer() for _ in cache.layers]
     ids, mask = prompt_ids[first, :-1], prompt_mask[first, :-1]
-    position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # numbered as `generate` does
-    model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=cache, logits_to_keep=1)
+    model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), cache=cache, logits_to_keep=1)
     if read_only:
         if not all(layer.is_initialized for layer in cache.layers):  # a layer did not write: the model has no use
             return None  # for this cache
@@ -132,28 +132,39 @@ def prefix_was_read(cache: DynamicCache) -> bool:
     return all(layer.reads > 0 for layer in cache.layers)
 
 
-def scoring_can_share_prefix(model: nn.Module) -> bool:
-    """Whether a forward of `model` can use a read-only `shared_prefix_cache` right now, gradients included.
+def _dropout_in_config(config) -> bool:
+    """Whether a config names a dropout (or layer drop) probability above 0 (`attention_dropout`, `dropout`,
+    `resid_pdrop`, `hidden_dropout_prob`, `layerdrop`, ...): models also apply them as functions, not modules."""
+    return any(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        for key, value in config.to_dict().items()
+        if key.endswith(("dropout", "pdrop", "dropout_prob")) or key == "layerdrop"
+    )
 
-    Without gradients: always. With gradients, `False`:
-    - for DeepSpeed ZeRO-3 and FSDP2 (DTensor) parameters: the prompt pass's last layer gets no gradient of its own,
-      so FSDP2 never re-gathers its weights for the backward (the gradient reaching its keys/values then fails);
-      ZeRO-3 is kept off with it, as its gradients through two passes are untested;
-    - with dropout active (an `nn.Dropout` with p > 0 or a text config's `attention_dropout` > 0, in training mode):
-      the rows of a group would share one dropout mask over their prompt;
-    - under gradient checkpointing, unless it can keep the cache: transformers drops the cache of every checkpointed
-      layer unless told the layer only reads it (`GradientCheckpointingLayer._can_checkpoint_with_cache`, see
-      `cache_kept_under_checkpointing`), which is only sound with non-reentrant checkpointing (the reentrant kind
-      does not send gradients to tensors it is not passed, such as the cached prompt keys), and needs a transformers
-      version with that flag.
+
+def scoring_can_share_prefix(model: nn.Module) -> bool:
+    """Whether the forwards of `model` can use a read-only `shared_prefix_cache` right now, gradients included.
+
+    `False`:
+    - for DeepSpeed ZeRO-3 and FSDP2 (DTensor) parameters: each of the two forwards gathers every layer's weights,
+      twice the communication of one pass; and with gradients, FSDP2 does not re-gather the weights of a layer
+      whose output gets no gradient, which the prompt pass's last layer is;
+    - with gradients, while dropout can be active (training mode and an `nn.Dropout` with p > 0 or a dropout or
+      layer-drop probability > 0 in the text config): the rows of a group would share one dropout mask over their
+      prompt, and a layer dropped in one of the two passes only would break the pair;
+    - with gradients under gradient checkpointing, unless it can keep the cache: transformers drops the cache of
+      every checkpointed layer unless told the layer only reads it (`GradientCheckpointingLayer.
+      _can_checkpoint_with_cache`, see `cache_kept_under_checkpointing`), which is only sound with non-reentrant
+      checkpointing (the reentrant kind does not send gradients to tensors it is not passed, such as the cached
+      prompt keys), and needs a transformers version with that flag.
     """
-    if not torch.is_grad_enabled():
-        return True
     if any(tensor_layout(p) != PLAIN for p in model.parameters()):
         return False
+    if not torch.is_grad_enabled():
+        return True
     if model.training and (
         any(isinstance(m, nn.Dropout) and m.p > 0 and m.training for m in model.modules())
-        or getattr(text_config(model), "attention_dropout", 0.0) > 0
+        or _dropout_in_config(text_config(model))
     ):
         return False
     checkpointed = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) and m.training]
