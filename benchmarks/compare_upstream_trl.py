@@ -5,7 +5,7 @@ Upstream TRL must live in its own virtual environment so that the two `trl` pack
 
     python3 -m venv /tmp/trl-upstream
     /tmp/trl-upstream/bin/pip install torch==2.13.0          # pin torch: the CPU wheel, not a CUDA build
-    /tmp/trl-upstream/bin/pip install trl transformers accelerate datasets
+    /tmp/trl-upstream/bin/pip install trl==1.16.0 transformers accelerate datasets
 
 then, with the Python where this package is installed (upstream's Python defaults to /opt/trl-upstream/bin/python or
 /tmp/trl-upstream/bin/python, whichever exists):

@@ -3,14 +3,25 @@
 log-probs, entropies and gradients as one plain pass, with each distinct prompt computed once."""
 
 import functools
+from unittest.mock import patch
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer import grpo_scoring
 from trl.trainer.grpo_scoring import score_completions
-from trl.trainer.prefix_sharing import scoring_can_share_prefix
+from trl.trainer.prefix_sharing import scoring_sharing_blocker
+
+
+PACKAGE_MIN_SHARED_PREFIX_TOKENS = grpo_scoring.MIN_SHARED_PREFIX_TOKENS  # read before any test patches it
+
+
+@pytest.fixture(autouse=True)
+def _share_short_prompts(monkeypatch):
+    """These tests use prompts of a few tokens; the trainer shares from 17 (see the test of the threshold)."""
+    monkeypatch.setattr(grpo_scoring, "MIN_SHARED_PREFIX_TOKENS", 1)
 
 
 @pytest.fixture
@@ -65,7 +76,7 @@ def _record_forward_shapes(model):
 def test_shared_scoring_equals_one_plain_pass_values_and_gradients(model, checkpointing):
     if checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
-        assert scoring_can_share_prefix(model)
+        assert scoring_sharing_blocker(model) is None
     ids, mask, length = _batch(model.config.vocab_size)
     plain = _score_and_grads(model, ids, mask, length, share=False)
     shapes = _record_forward_shapes(model)
@@ -138,11 +149,11 @@ def test_prompt_learning_adapters_and_dropout_fall_back(model):
 
     dropout = AutoModelForCausalLM.from_pretrained(model.config._name_or_path, attention_dropout=0.5)
     dropout.train()
-    assert not scoring_can_share_prefix(dropout)  # the rows of a group would share one dropout mask
+    assert scoring_sharing_blocker(dropout) == "dropout in a pass with gradients"  # one mask for a group's prompt
     with torch.no_grad():
-        assert scoring_can_share_prefix(dropout)
+        assert scoring_sharing_blocker(dropout) is None
     dropout.eval()
-    assert scoring_can_share_prefix(dropout)
+    assert scoring_sharing_blocker(dropout) is None
     from transformers import OPTConfig, OPTForCausalLM  # dropout applied as a function, named `dropout` in the config
 
     opt = OPTForCausalLM(
@@ -155,19 +166,26 @@ def test_prompt_learning_adapters_and_dropout_fall_back(model):
             word_embed_proj_dim=16,
         )
     )
-    assert opt.config.dropout > 0 and not scoring_can_share_prefix(opt.train())
-    assert scoring_can_share_prefix(opt.eval())
+    assert opt.config.dropout > 0 and scoring_sharing_blocker(opt.train()) == "dropout in a pass with gradients"
+    assert scoring_sharing_blocker(opt.eval()) is None
 
 
 def test_reentrant_checkpointing_falls_back_to_plain_passes(model):
     model.gradient_checkpointing_enable({"use_reentrant": True})
-    assert not scoring_can_share_prefix(model)  # reentrant checkpointing would lose the cached prompt's gradient
+    # reentrant checkpointing would lose the cached prompt's gradient
+    assert scoring_sharing_blocker(model) == "reentrant gradient checkpointing"
     with torch.no_grad():
-        assert scoring_can_share_prefix(model)  # nothing is checkpointed without gradients
+        assert scoring_sharing_blocker(model) is None  # nothing is checkpointed without gradients
     ids, mask, length = _batch(model.config.vocab_size)
     shapes = _record_forward_shapes(model)
-    score_completions(model, ids, mask, length, 1.0, share_prefix=True)
-    assert shapes == [tuple(ids.shape)]
+    grpo_scoring._LOGGED_BLOCKERS.discard("reentrant gradient checkpointing")  # logged once per process
+    with patch.object(grpo_scoring.logger, "info") as info:
+        score_completions(model, ids, mask, length, 1.0, share_prefix=True)
+        score_completions(model, ids, mask, length, 1.0, share_prefix=True)
+    assert shapes == [tuple(ids.shape)] * 2
+    info.assert_called_once_with(
+        "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing)."
+    )
 
 
 def test_nothing_to_share_uses_one_plain_pass(model):
@@ -242,3 +260,15 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
     assert any(not torch.equal(p, initial[n]) for n, p in params[True].items())  # it trained
     for name, value in params[False].items():
         torch.testing.assert_close(params[True][name], value, atol=1e-4, rtol=1e-4)
+
+
+def test_short_prompts_are_scored_in_one_plain_pass(model):
+    """Below `min_prefix_tokens` the second forward costs more than it saves; the trainer's default is 16."""
+    ids, mask, length = _batch(model.config.vocab_size, prompt_lengths=(6, 3))  # 6-token padded prompts
+    shapes = _record_forward_shapes(model)
+    with torch.no_grad():
+        score_completions(model, ids, mask, length, 1.0, share_prefix=True, min_prefix_tokens=6)
+        assert shapes == [tuple(ids.shape)]
+        score_completions(model, ids, mask, length, 1.0, share_prefix=True, min_prefix_tokens=5)
+        assert len(shapes) == 3  # 5 tokens before the last: shared
+    assert PACKAGE_MIN_SHARED_PREFIX_TOKENS == 16

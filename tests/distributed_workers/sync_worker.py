@@ -300,10 +300,14 @@ def shared_scoring(trainer) -> dict:
         plain = score_completions(policy, input_ids, mask, 4, 1.0, share_prefix=False).per_token_logps
         assert shapes == [[6, 10]], shapes  # one plain pass
         shapes.clear()
-        shared = score_completions(policy, input_ids, mask, 4, 1.0, share_prefix=True).per_token_logps
+        shared = score_completions(
+            policy, input_ids, mask, 4, 1.0, share_prefix=True, min_prefix_tokens=1
+        ).per_token_logps
         shares_without_gradients = shapes == [[2, 5], [6, 5]]  # 2 distinct prompts, then every row
     shapes.clear()
-    assert score_completions(policy, input_ids, mask, 4, 1.0, share_prefix=True).per_token_logps.requires_grad
+    assert score_completions(
+        policy, input_ids, mask, 4, 1.0, share_prefix=True, min_prefix_tokens=1
+    ).per_token_logps.requires_grad
     inner.forward = forward
     return {
         "error": (shared - plain).abs().max().item(),

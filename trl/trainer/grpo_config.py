@@ -112,9 +112,10 @@ class GRPOConfig(TrainingArguments):
             Compute each distinct prompt once in the log-prob passes (reference, old policy when the batch is reused,
             and the training forward and backward): the prompt's keys and values are shared by the rows that repeat
             it, gradients included. The log-probs and gradients equal the unshared ones up to float rounding; the
-            saving grows with the prompt's share of the sequence. Passes where it cannot apply run plain
-            (ZeRO-3/FSDP2 parameters, PEFT prompt learning, sliding-window caches, the MoE router loss's pass; with
-            gradients, active dropout and reentrant checkpointing); see "Shared-prefix scoring" in the docs.
+            saving grows with the prompt's share of the sequence. Passes where it cannot apply or would not pay run
+            plain (prompts under 17 tokens, ZeRO-3/FSDP2 parameters, PEFT prompt learning, sliding-window caches,
+            the MoE router loss's pass; with gradients, active dropout and reentrant checkpointing); see
+            "Shared-prefix scoring" in the docs.
 
         > Parameters that control the loss
 

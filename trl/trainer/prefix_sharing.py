@@ -142,46 +142,45 @@ def _dropout_in_config(config) -> bool:
     )
 
 
-def scoring_can_share_prefix(model: nn.Module) -> bool:
-    """Whether the forwards of `model` can use a read-only `shared_prefix_cache` right now, gradients included.
-
-    `False`:
-    - for DeepSpeed ZeRO-3 and FSDP2 (DTensor) parameters: each of the two forwards gathers every layer's weights,
+def scoring_sharing_blocker(model: nn.Module) -> str | None:
+    """Why the forwards of `model` cannot use a read-only `shared_prefix_cache` right now (gradients included), or
+    `None` when they can. Reasons:
+    - DeepSpeed ZeRO-3 and FSDP2 (DTensor) parameters: each of the two forwards gathers every layer's weights,
       twice the communication of one pass; and with gradients, FSDP2 does not re-gather the weights of a layer
       whose output gets no gradient, which the prompt pass's last layer is;
-    - with gradients, while dropout can be active (training mode and an `nn.Dropout` with p > 0 or a dropout or
-      layer-drop probability > 0 in the text config): the rows of a group would share one dropout mask over their
-      prompt, and a layer dropped in one of the two passes only would break the pair;
-    - with gradients under gradient checkpointing, unless it can keep the cache: transformers drops the cache of
-      every checkpointed layer unless told the layer only reads it (`GradientCheckpointingLayer.
+    - with gradients, dropout that can act (training mode and an `nn.Dropout` with p > 0 or a dropout or layer-drop
+      probability > 0 in the text config): the rows of a group would share one dropout mask over their prompt, and
+      a layer dropped in one of the two passes only would break the pair;
+    - with gradients, gradient checkpointing that would drop the cache: transformers drops the cache of every
+      checkpointed layer unless told the layer only reads it (`GradientCheckpointingLayer.
       _can_checkpoint_with_cache`, see `cache_kept_under_checkpointing`), which is only sound with non-reentrant
       checkpointing (the reentrant kind does not send gradients to tensors it is not passed, such as the cached
       prompt keys), and needs a transformers version with that flag.
     """
     if any(tensor_layout(p) != PLAIN for p in model.parameters()):
-        return False
+        return "ZeRO-3/FSDP2 parameters"
     if not torch.is_grad_enabled():
-        return True
+        return None
     if model.training and (
         any(isinstance(m, nn.Dropout) and m.p > 0 and m.training for m in model.modules())
         or _dropout_in_config(text_config(model))
     ):
-        return False
+        return "dropout in a pass with gradients"
     checkpointed = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) and m.training]
     if not checkpointed:
-        return True
+        return None
     if not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):
-        return False
+        return "gradient checkpointing in a transformers version that cannot keep a cache in checkpointed layers"
     for module in checkpointed:
         func = getattr(module, "_gradient_checkpointing_func", None)
         if not isinstance(func, functools.partial) or func.keywords.get("use_reentrant", True) is not False:
-            return False
-    return True
+            return "reentrant gradient checkpointing"
+    return None
 
 
 @contextmanager
 def cache_kept_under_checkpointing(model: nn.Module):
-    """Let the checkpointed layers of `model` keep a read-only cache for the duration (see `scoring_can_share_prefix`;
+    """Let the checkpointed layers of `model` keep a read-only cache for the duration (see `scoring_sharing_blocker`;
     the flag is set on the layer instances and removed afterwards)."""
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
     layers = [m for m in layers if "_can_checkpoint_with_cache" not in vars(m)]
