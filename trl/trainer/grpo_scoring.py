@@ -90,8 +90,9 @@ def score_completions(
     batch_size = batch_size or input_ids.size(0)
     logps, entropies, aux_losses = [], [], []
     min_prefix = MIN_SHARED_PREFIX_TOKENS if min_prefix_tokens is None else min_prefix_tokens
-    share = share_prefix
-    if share_prefix:
+    prompt_length = input_ids.size(1) - logits_to_keep
+    share = share_prefix and prompt_length - 1 >= min_prefix
+    if share:
         blocker = "the MoE router loss" if compute_aux_loss else scoring_sharing_blocker(model)
         if blocker is not None:
             share = False
@@ -107,12 +108,8 @@ def score_completions(
             ids = input_ids[start : start + batch_size]
             mask = attention_mask[start : start + batch_size]
             position_ids = position_ids_from_mask(mask)
-            prompt_length = ids.size(1) - logits_to_keep
-            long_enough = prompt_length - 1 >= min_prefix
             cache = (
-                shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True)
-                if share and long_enough
-                else None
+                shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True) if share else None
             )
             if cache is None:
                 extra = {"output_router_logits": True} if compute_aux_loss else {}

@@ -121,8 +121,7 @@ def shared_prefix_cache(
         prefix = DynamicCache(config=text_config(model))
         prefix.layers = [_PrefixLayer(layer.keys, layer.values, inverse) for layer in cache.layers]
         return prefix
-    else:
-        cache.batch_select_indices(inverse)
+    cache.batch_select_indices(inverse)
     return cache
 
 
