@@ -26,9 +26,10 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
 
+from _reproduction import quiet_transformers, save_figure  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
 
 from trl import GRPOTrainer  # noqa: E402
 from trl.models.tiny import build_tiny_causal_lm  # noqa: E402
@@ -92,8 +93,7 @@ def run_one(arm: str, beta: float, correction: bool, seed: int, args) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     config = load_demo().demo_config(
         os.path.join(args.output_dir, "runs", f"{arm}_beta{beta}_corr{int(correction)}_seed{seed}"),
         beta=beta,
@@ -210,21 +210,18 @@ def plot(runs: list[dict], args, path: str) -> None:
     for ax in axes[-1, :]:
         ax.set_xlabel("optimizer step")
     axes.flat[0].legend(loc="upper left", fontsize=7)
-    fig.suptitle(
+    save_figure(
+        fig,
+        path,
         f'Cold-start tiny Qwen2 echoing a digit ("7=" → "7"): mean ± std over {len(args.seeds)} seeds '
         "(trailing 10-step mean)",
-        fontsize=10,
+        dpi=100,
     )
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     os.makedirs(args.output_dir, exist_ok=True)
     start = time.time()
     for seed in args.seeds:  # the same initial model for every run of a seed

@@ -29,9 +29,10 @@ from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
 
+from _reproduction import quiet_transformers, save_figure  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.models.tiny import build_tiny_causal_lm, build_tiny_reward_model  # noqa: E402
@@ -139,8 +140,7 @@ def run_one(arm: str, seed: int, args) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     policy_dir, rm_dir = paths(seed, args)
     refresh = {}
     if arm == "refreshed":
@@ -282,21 +282,18 @@ def plot(runs: list[dict], args, path: str) -> None:
         ax.set_xlabel("optimizer step")
     axes[0].set_ylabel("mean over the batch's completions")
     axes[0].legend(loc="upper left", fontsize=8)
-    fig.suptitle(
+    save_figure(
+        fig,
+        path,
         f"GRPO on a learnt reward model, tiny Qwen2, single-digit addition: mean ± std over {len(args.seeds)} seeds "
         "(5-step moving average)",
-        fontsize=10,
+        dpi=110,
     )
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     os.makedirs(args.output_dir, exist_ok=True)
     start = time.time()
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.workers) as pool:
