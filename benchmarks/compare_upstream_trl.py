@@ -331,7 +331,7 @@ def _install_part_timers(trainer, parts: _PartClock, impl: str) -> None:
     """Time the parts of a step by wrapping methods of this trainer instance (and `generate`), never editing `trl`.
 
     generate: `GenerationMixin.generate` (both; upstream's plain transformers path) and, for ours, the generation
-    module's entry point when there is one; reward: `_calculate_rewards`; ref_old_logps: the per-token log-prob
+    `sample_completions` that the trainer calls; reward: `_calculate_rewards`; ref_old_logps: the per-token log-prob
     method when called without gradients; prepare: `_prepare_inputs`; training_step: `training_step`; sync: the
     reference-sync callback's `on_step_end`; optimizer: from `on_pre_optimizer_step` to `on_optimizer_step`.
     """
@@ -341,13 +341,9 @@ def _install_part_timers(trainer, parts: _PartClock, impl: str) -> None:
     generation_mixin = transformers.GenerationMixin
     generation_mixin.generate = parts.wrap("generate", generation_mixin.generate)
     if impl == "ours":
-        try:
-            from trl.trainer import grpo_generation, grpo_trainer
+        from trl.trainer import grpo_trainer  # the sampling function the trainer calls
 
-            name = grpo_generation.ENTRY_POINT
-            setattr(grpo_trainer, name, parts.wrap("generate", getattr(grpo_trainer, name)))
-        except ImportError:
-            pass
+        grpo_trainer.sample_completions = parts.wrap("generate", grpo_trainer.sample_completions)
     logps = "_get_per_token_logps" if impl == "ours" else "_get_per_token_logps_and_entropies"
     setattr(
         trainer, logps, parts.wrap("ref_old_logps", getattr(trainer, logps), when=lambda: not torch.is_grad_enabled())

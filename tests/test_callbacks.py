@@ -221,3 +221,32 @@ def test_sync_target_model_static_alias():
     expected = torch.lerp(target.weight.detach().clone(), policy.weight.detach(), 0.25)
     SyncRefModelCallback.sync_target_model(policy, target, 0.25)
     assert torch.equal(target.weight, expected)
+
+
+def test_callback_pairs_once():
+    torch.manual_seed(0)
+    policy, reference = (
+        nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3)),
+        nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3)),
+    )
+    callback = SyncRefModelCallback(ref_model=reference)
+    args = type("Args", (), {"ref_model_mixup_alpha": 1.0})()
+    state = type("State", (), {"global_step": 3})()
+    callback.sync(args, state, policy)
+    plan = callback._sync
+    callback.sync(args, state, policy)
+    assert callback._sync is plan and callback.num_syncs == 2 and callback.last_sync_step == 3
+    assert all(torch.equal(p, r) for p, r in zip(policy.parameters(), reference.parameters()))
+
+
+def test_attach_binds_a_user_callback_or_adds_one():
+    from transformers.trainer_callback import CallbackHandler
+
+    reference, accelerator = nn.Linear(1, 1), object()
+    mine = SyncRefModelCallback(ref_model=None)
+    handler = CallbackHandler([mine], None, None, None, None)
+    assert SyncRefModelCallback.attach(handler, reference, accelerator) is mine
+    assert mine.ref_model is reference and mine.accelerator is accelerator
+    empty = CallbackHandler([], None, None, None, None)
+    added = SyncRefModelCallback.attach(empty, reference, accelerator)
+    assert empty.callbacks == [added] and added is not mine and added.ref_model is reference

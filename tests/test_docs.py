@@ -134,3 +134,17 @@ def test_quick_start_runs_offline(doc, tiny_model, tmp_path):
     # the snippet's own iterative-GRPO settings survived the shrinking
     assert trainer.args.sync_ref_model is True and trainer.sync_callback is not None
     assert all("reward" in h for h in trainer.state.log_history[:2])
+
+
+def test_contributing_maps_every_trainer_module():
+    """CONTRIBUTING.md's "Where things go" has one line per module of trl/trainer/, and names no other."""
+    text = _read(os.path.join(ROOT, "CONTRIBUTING.md"))
+    section = text[text.index("## Where things go") : text.index("## Tests")]
+    listed = re.findall(r"^- `(\w+\.py)`:", section, re.MULTILINE)
+    modules = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "trl", "trainer", "*.py")))
+    assert sorted(listed) == [m for m in modules if m != "__init__.py"]
+    assert len(listed) == len(set(listed))
+    for position, module in enumerate(listed):  # listed bottom-up: a module imports only modules above it
+        source = _read(os.path.join(ROOT, "trl", "trainer", module))
+        imported = {f"{name}.py" for name in re.findall(r"^from \.(\w+) import", source, re.MULTILINE)}
+        assert imported <= set(listed[:position]), (module, sorted(imported - set(listed[:position])))

@@ -202,3 +202,21 @@ def test_generation_fields(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     zero = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
     trainer = GRPOTrainer(tiny_lm_path, zero, args=args, train_dataset=arithmetic_dataset)
     assert trainer.generation_config.cache_implementation == "static"
+
+
+def test_grpo_generation_config_maps_the_sampling_fields_and_lets_generation_kwargs_override(tiny_lm_path):
+    from transformers import AutoTokenizer
+
+    from trl import GRPOConfig
+    from trl.trainer.grpo_generation import grpo_generation_config
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
+    args = GRPOConfig(
+        "unused", max_completion_length=7, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, repetition_penalty=1.2,
+        generation_kwargs={"top_k": 3, "num_beams": 2}, report_to="none", use_cpu=True, bf16=False,
+    )  # fmt: skip
+    config = grpo_generation_config(args, tokenizer, [tokenizer.eos_token_id, 7])
+    assert (config.max_new_tokens, config.do_sample, config.temperature, config.top_p) == (7, True, 0.7, 0.9)
+    assert (config.min_p, config.repetition_penalty, config.top_k, config.num_beams) == (0.1, 1.2, 3, 2)
+    assert config.eos_token_id == [tokenizer.eos_token_id, 7] and config.pad_token_id == tokenizer.pad_token_id
+    assert config.disable_compile is True and config.cache_implementation is None

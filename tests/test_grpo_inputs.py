@@ -11,8 +11,13 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_inputs import (
+    RepeatSampler,
     derived_seed,
     ends_with_stop,
+    is_conversational,
+    micro_steps_done,
+    reward_columns,
+    sampling_rng,
     shuffle_and_split,
     shuffle_seed,
     split_tensor_dict,
@@ -241,3 +246,57 @@ def test_trainer_micro_batches_are_the_seeded_shuffle_of_the_generation_batch(
     assert torch.cat([first["row"], second["row"]]).tolist() == order.tolist()
     assert first["num_items_in_batch"].item() == 5.0
     assert trainer._step == 2
+
+
+def test_repeat_sampler_repeats_each_prompt_and_each_generation_batch():
+    sampler = RepeatSampler(range(5), mini_repeat_count=2, batch_size=2, repeat_count=3, shuffle=False)
+    chunk = [0, 0, 1, 1]
+    assert list(sampler) == chunk * 3 + [2, 2, 3, 3] * 3  # prompt 4 is an incomplete chunk: dropped
+    assert len(sampler) == 24
+    shuffled = RepeatSampler(range(6), mini_repeat_count=1, batch_size=3, seed=5)
+    order = torch.randperm(6, generator=torch.Generator().manual_seed(5)).tolist()
+    assert list(shuffled) == order
+    shuffled.set_epoch(1)  # each epoch its own seeded order
+    assert list(shuffled) == torch.randperm(6, generator=torch.Generator().manual_seed(6)).tolist() != order
+
+
+@pytest.mark.parametrize(
+    "global_step, accumulation, batches, expected",
+    [
+        (2, 2, 3, 3),  # epoch of 3 micro-batches in windows 2, 1: two optimizer steps are one epoch
+        (3, 2, 3, 5),  # then the first window of epoch 2
+        (4, 2, 3, 6),
+        (3, 2, 4, 6),  # windows that divide the epoch: global_step × accumulation
+        (5, 4, 1, 5),  # one micro-batch per epoch: one per step
+        (3, 2, None, 6),  # no epochs (iterable dataset)
+    ],
+)
+def test_micro_steps_done_cuts_windows_at_epoch_ends(global_step, accumulation, batches, expected):
+    assert micro_steps_done(global_step, accumulation, batches) == expected
+
+
+def test_sampling_rng_seeds_from_the_position_and_leaves_the_global_stream_alone():
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    cpu = torch.device("cpu")
+    with sampling_rng(0, False, [4], 1, cpu):
+        first = torch.rand(3)
+    with sampling_rng(0, False, [4], 1, cpu):
+        assert torch.equal(torch.rand(3), first)  # same position, same draws
+    with sampling_rng(0, True, [4], 1, cpu):
+        assert not torch.equal(torch.rand(3), first)  # evaluation has its own stream
+    torch.manual_seed(derived_seed(0, 0, 4, 1))
+    assert torch.equal(torch.rand(3), first)
+    torch.manual_seed(123)
+    with sampling_rng(0, False, [5], 0, cpu):
+        torch.rand(100)
+    assert torch.equal(torch.rand(3), expected_next)  # the block consumed nothing of the global stream
+
+
+def test_reward_columns_and_conversational_prompts():
+    batch = [{"prompt": "1+1=", "answer": 2, "completion": "x"}, {"prompt": "2+2=", "answer": 4, "completion": "y"}]
+    assert reward_columns(batch) == {"answer": [2, 4]}
+    assert not is_conversational(batch[0])
+    assert is_conversational({"prompt": [{"role": "user", "content": "hi"}]})
+    assert not is_conversational({"prompt": []})

@@ -283,6 +283,22 @@ def test_entropy_coefficient_updates_by_hand():
     assert not EntropyCoefficient(0.0).enabled
 
 
+def test_entropy_bonus_uses_the_coefficient_before_the_step_updates_it():
+    control = EntropyCoefficient(0.1, adaptive=True, coef_min=0.0, coef_max=1.0, coef_delta=0.05, target=1.0)
+    control.last_entropy = 0.5  # the last step was below the target: the bonus is on at 0.1
+    entropies, mask = torch.tensor([[0.2, 0.4, 9.0]], requires_grad=True), torch.tensor([[1, 1, 0]])
+    loss, coef = control.add_bonus(torch.tensor(2.0), entropies, mask, training=True, end_of_step=False)
+    assert loss.item() == pytest.approx(2.0 - 0.1 * 0.3) and coef is None
+    loss.backward()
+    assert entropies.grad[0].tolist() == pytest.approx([-0.05, -0.05, 0.0])  # −coef / tokens on the valid ones
+    loss, coef = control.add_bonus(torch.tensor(2.0), entropies, mask, training=True, end_of_step=True)
+    assert loss.item() == pytest.approx(2.0 - 0.1 * 0.3)  # this step's bonus: the old coefficient
+    assert coef == pytest.approx(0.15) == control.coef  # mean entropy 0.3 ≤ 1: up by delta, logged
+    evaluation = control.add_bonus(torch.tensor(1.0), entropies, mask, training=False, end_of_step=True)
+    assert evaluation[0].item() == pytest.approx(1.0 - 0.15 * 0.3) and evaluation[1] is None
+    assert control.coef == pytest.approx(0.15)  # evaluation never moves the coefficient
+
+
 def test_entropy_coefficient_state_is_restored_on_resume():
     control = EntropyCoefficient(0.1, adaptive=True)
     control.coef, control.last_entropy = 0.42, 0.05

@@ -12,14 +12,20 @@ from test_distributed import ROOT, _launch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_metrics import (
     completion_length_metrics,
+    completions_table,
     frac_reward_zero_std,
+    generation_batch_metrics,
     loss_metrics,
     nanstd,
+    policy_loss_metric,
+    print_completions_table,
+    reward_metrics,
     reward_std,
     sequence_sums,
     token_mean,
     window_mean,
 )
+from trl.trainer.grpo_rewards import aggregate_rewards
 
 
 NAN = float("nan")
@@ -115,6 +121,75 @@ def test_completion_length_metrics():
     none_ended = completion_length_metrics(torch.tensor([8, 8]), torch.tensor([False, False]))
     assert none_ended["completions/mean_terminated_length"] == none_ended["completions/max_terminated_length"] == 0
     assert none_ended["completions/clipped_ratio"] == 1.0
+
+
+def test_completions_table_unique_prompts():
+    table = {"prompt": ["a", "a", "b", "b"], "completion": ["1", "2", "3", "4"], "advantage": [0.1, 0.2, 0.3, 0.4]}
+    assert completions_table(table) is table
+    assert completions_table(table, unique_prompts=True) == {
+        "prompt": ["a", "b"],
+        "completion": ["1", "3"],
+        "advantage": [0.1, 0.3],
+    }
+
+
+def test_reward_metrics_per_function_ignore_none():
+    per_func = torch.tensor([[1.0, NAN], [3.0, NAN], [2.0, 4.0]])
+    _, rewards, _, _ = aggregate_rewards(per_func, torch.tensor([1.0, 0.5]), 3)
+    metrics = reward_metrics(per_func, ["a", "b"], rewards)
+    assert metrics["rewards/a/mean"] == 2.0 and metrics["rewards/a/std"] == 1.0
+    assert metrics["rewards/b/mean"] == 4.0 and math.isnan(metrics["rewards/b/std"])  # one value: no std
+    assert metrics["reward"] == pytest.approx((1.0 + 3.0 + 4.0) / 3)
+
+
+# ---------------------------------------------------------------- logging hooks and the completions table
+
+
+def test_generation_batch_metrics_holds_every_batch_metric_with_its_value():
+    per_func = torch.tensor([[1.0, NAN], [3.0, NAN], [2.0, 4.0], [0.0, 0.0]])
+    scored = aggregate_rewards(per_func, torch.tensor([1.0, 0.5]), 2)
+    lengths, terminated = torch.tensor([2, 4, 3, 1]), torch.tensor([True, False, True, True])
+    metrics = generation_batch_metrics(
+        lengths, terminated, per_func, ["a", "b"], scored.rewards, scored.frac_reward_zero_std,
+        truncated=torch.tensor([True, False]), hook_metrics={"my/metric": 0.25},
+    )  # fmt: skip
+    assert list(metrics) == [
+        "prompts/truncated_ratio",
+        *completion_length_metrics(lengths, terminated),
+        "rewards/a/mean",
+        "rewards/a/std",
+        "rewards/b/mean",
+        "rewards/b/std",
+        "reward",
+        "my/metric",
+        "reward_std",
+        "frac_reward_zero_std",
+    ]
+    assert metrics["prompts/truncated_ratio"] == 0.5 and metrics["completions/mean_length"] == 2.5
+    assert metrics["reward"] == pytest.approx((1 + 3 + 4 + 0) / 4) and metrics["my/metric"] == 0.25
+    assert metrics["reward_std"] == pytest.approx(torch.tensor([1.0, 3.0, 4.0, 0.0]).std().item())
+    assert metrics["frac_reward_zero_std"] == 0.0  # groups (1, 3) and (4, 0) both vary
+    no_cut = generation_batch_metrics(lengths, terminated, per_func, ["a", "b"], scored.rewards, 0.0)
+    assert "prompts/truncated_ratio" not in no_cut
+
+
+def test_policy_loss_metric_is_the_step_share_for_token_sum_losses_in_training():
+    loss = torch.tensor(0.6)
+    assert policy_loss_metric(loss, "dapo", True, 3) == pytest.approx(0.2)
+    assert policy_loss_metric(loss, "dapo", False, 3) == pytest.approx(0.6)  # evaluation: the batch's own value
+    assert policy_loss_metric(loss, "grpo", True, 3) == pytest.approx(0.6)
+    two_processes = policy_loss_metric(loss, "grpo", True, 3, lambda t: torch.stack([t, torch.tensor(0.2)]))
+    assert two_processes == pytest.approx(0.4)
+
+
+def test_print_completions_table_prints_floats_to_three_decimals_and_at_most_max_rows(capsys):
+    table = {"prompt": ["p1", "p2", "p3"], "reward": [0.12345, 1.0, 2.0], "advantage": [-1.5, 0.0, 1.5]}
+    print_completions_table(table, step=7, max_rows=2)
+    out = capsys.readouterr().out
+    assert "Completions at step 7" in out and "0.123" in out and "-1.500" in out and "p2" in out
+    assert "p3" not in out and "0.12345" not in out
+    print_completions_table(table, step=8)
+    assert "p3" in capsys.readouterr().out
 
 
 def test_window_mean_drops_nans():

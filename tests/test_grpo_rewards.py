@@ -1,6 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """The reward pipeline (trl.trainer.grpo_rewards) against hand-computed values: names, async calls on one loop,
-None handling, both multi-objective aggregations, logging hooks, the completions table."""
+None handling, both multi-objective aggregations, logging hooks."""
 
 import asyncio
 import functools
@@ -14,6 +14,7 @@ from transformers import AutoModelForSequenceClassification
 
 from trl.trainer import grpo_rewards
 from trl.trainer.grpo_losses import group_advantages
+from trl.trainer.grpo_metrics import reward_metrics
 from trl.trainer.grpo_rewards import (
     RewardEventLoop,
     RewardLogHooks,
@@ -21,13 +22,10 @@ from trl.trainer.grpo_rewards import (
     all_none_message,
     call_reward_funcs,
     combine_rewards,
-    completions_table,
     is_async_reward_func,
     load_reward_funcs,
     normalized_sum,
     reward_func_name,
-    reward_metrics,
-    zero_std_fraction,
 )
 
 
@@ -222,7 +220,7 @@ def test_combine_rewards_weights_and_nan():
 def test_sum_then_normalize_is_group_advantages_of_the_weighted_sum():
     per_func = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
     weights = torch.tensor([2.0, 1.0])
-    advantages, rewards, valid = aggregate_rewards(per_func, weights, 4, "group", "sum_then_normalize")
+    advantages, rewards, valid, _ = aggregate_rewards(per_func, weights, 4, "group", "sum_then_normalize")
     assert torch.equal(rewards, torch.tensor([2.0, 1.0, 3.0, 0.0]))  # the logged `reward` reflects the weights
     # mean 1.5, sample std sqrt(5/3)
     expected = (torch.tensor([2.0, 1.0, 3.0, 0.0]) - 1.5) / (math.sqrt(5 / 3) + EPS)
@@ -234,7 +232,7 @@ def test_normalize_then_sum_hand_computed():
     # One group of 4 completions, two rewards on very different scales.
     per_func = torch.tensor([[1.0, 10.0], [0.0, 30.0], [1.0, 20.0], [0.0, 20.0]])
     weights = torch.tensor([1.0, 0.5])
-    advantages, rewards, _ = aggregate_rewards(per_func, weights, 4, "none", "normalize_then_sum")
+    advantages, rewards, _, _ = aggregate_rewards(per_func, weights, 4, "none", "normalize_then_sum")
     std0, std1 = math.sqrt(1 / 3), math.sqrt(200 / 3)  # sample stds of the columns
     norm0 = [(x - 0.5) / (std0 + EPS) for x in (1.0, 0.0, 1.0, 0.0)]
     norm1 = [(x - 20.0) / (std1 + EPS) for x in (10.0, 30.0, 20.0, 20.0)]
@@ -246,20 +244,24 @@ def test_normalize_then_sum_hand_computed():
     assert torch.equal(aggregate_rewards(per_func, weights, 4, "group", "normalize_then_sum")[0], advantages)
 
 
+def _frac_zero_std(*args):
+    return aggregate_rewards(*args).frac_reward_zero_std
+
+
 def test_zero_std_fraction_uses_the_rewards_that_scale_the_advantages():
     # Group 1 constant (2.0), group 2 varies: per-group share 0.5; the batch std is not zero.
     one_func = torch.tensor([2.0, 2.0, 2.0, 2.0, 0.0, 1.0, 0.0, 1.0]).unsqueeze(1)
     ones = torch.ones(1)
-    assert zero_std_fraction(one_func, ones, 4, "group") == 0.5
-    assert zero_std_fraction(one_func, ones, 4, "none") == 0.5
-    assert zero_std_fraction(one_func, ones, 4, "batch") == 0.0
-    assert zero_std_fraction(one_func, ones, 4, "group", "normalize_then_sum") == 0.0
+    assert _frac_zero_std(one_func, ones, 4, "group") == 0.5
+    assert _frac_zero_std(one_func, ones, 4, "none") == 0.5
+    assert _frac_zero_std(one_func, ones, 4, "batch") == 0.0
+    assert _frac_zero_std(one_func, ones, 4, "group", "normalize_then_sum") == 0.0
     # Constant within each group, different between groups: GDPO normalises every group to 0, so the combined
     # rewards have zero batch std (TRL 1.16 logs 1.0), although the raw weighted sums differ (batch std > 0).
     constant = torch.tensor([[1.0, 5.0]] * 4 + [[3.0, 0.0]] * 4)
     weights = torch.tensor([1.0, 2.0])
-    assert zero_std_fraction(constant, weights, 4, "batch", "normalize_then_sum") == 1.0
-    assert zero_std_fraction(constant, weights, 4, "batch", "sum_then_normalize") == 0.0
+    assert _frac_zero_std(constant, weights, 4, "batch", "normalize_then_sum") == 1.0
+    assert _frac_zero_std(constant, weights, 4, "batch", "sum_then_normalize") == 0.0
     assert torch.equal(normalized_sum(constant, weights, 4), torch.zeros(8))
     # A completion nobody scored is NaN in the combined reward and left out of the std.
     with_none = torch.tensor([[1.0, NAN], [NAN, NAN], [0.0, NAN], [1.0, NAN]])
@@ -274,7 +276,7 @@ def test_a_none_never_makes_advantages_nan(aggregation):
     per_func = torch.tensor(
         [[1.0, NAN], [0.0, 2.0], [NAN, NAN], [1.0, 3.0], [0.5, 1.0], [NAN, 1.0], [0.0, NAN], [1.0, 0.0]]
     )
-    advantages, rewards, valid = aggregate_rewards(per_func, torch.tensor([1.0, 2.0]), 4, "group", aggregation)
+    advantages, rewards, valid, _ = aggregate_rewards(per_func, torch.tensor([1.0, 2.0]), 4, "group", aggregation)
     assert torch.isfinite(advantages).all()
     assert advantages[2] == 0.0 and not valid[2] and math.isnan(rewards[2])  # nobody scored it
     assert torch.equal(rewards[[0, 1, 3]], torch.tensor([1.0, 4.0, 7.0]))
@@ -284,7 +286,7 @@ def test_a_none_never_makes_advantages_nan(aggregation):
 @pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
 def test_single_completion_groups_get_zero_advantage(aggregation):
     per_func = torch.tensor([[1.0, 2.0], [3.0, 0.0], [0.0, 5.0]])
-    advantages, _, _ = aggregate_rewards(per_func, torch.ones(2), 1, "group", aggregation)
+    advantages, _, _, _ = aggregate_rewards(per_func, torch.ones(2), 1, "group", aggregation)
     # normalize_then_sum: every per-group normalised reward is 0, so the batch-normalised sum is 0 too
     assert torch.equal(advantages, torch.zeros(3))
 
@@ -292,18 +294,6 @@ def test_single_completion_groups_get_zero_advantage(aggregation):
 def test_unknown_aggregation_raises():
     with pytest.raises(ValueError, match="multi_objective_aggregation must be one of sum_then_normalize, normalize_"):
         aggregate_rewards(torch.ones(2, 1), torch.ones(1), 2, "group", "mean")
-
-
-def test_reward_metrics_per_function_ignore_none():
-    per_func = torch.tensor([[1.0, NAN], [3.0, NAN], [2.0, 4.0]])
-    _, rewards, _ = aggregate_rewards(per_func, torch.tensor([1.0, 0.5]), 3)
-    metrics = reward_metrics(per_func, ["a", "b"], rewards)
-    assert metrics["rewards/a/mean"] == 2.0 and metrics["rewards/a/std"] == 1.0
-    assert metrics["rewards/b/mean"] == 4.0 and math.isnan(metrics["rewards/b/std"])  # one value: no std
-    assert metrics["reward"] == pytest.approx((1.0 + 3.0 + 4.0) / 3)
-
-
-# ---------------------------------------------------------------- logging hooks and the completions table
 
 
 def test_log_hooks_collect_columns_and_average_metrics():
@@ -360,16 +350,6 @@ def test_log_extra_length_error_is_raised_on_every_process():
     with pytest.raises(ValueError, match=r"log_extra column 'x' got \[2, 1\] values \(per process\) for 2"):
         hooks.pop(2, gather_object)
     assert calls == [["x"], [[1, 2]]]  # both gathers happened before the error
-
-
-def test_completions_table_unique_prompts():
-    table = {"prompt": ["a", "a", "b", "b"], "completion": ["1", "2", "3", "4"], "advantage": [0.1, 0.2, 0.3, 0.4]}
-    assert completions_table(table) is table
-    assert completions_table(table, unique_prompts=True) == {
-        "prompt": ["a", "b"],
-        "completion": ["1", "3"],
-        "advantage": [0.1, 0.3],
-    }
 
 
 def test_group_advantages_is_the_shared_normaliser():

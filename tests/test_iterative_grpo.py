@@ -11,7 +11,7 @@ from transformers import TrainerCallback, set_seed
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.tiny import build_tiny_causal_lm
 from trl.tasks import arithmetic_corpus, make_arithmetic_dataset
-from trl.trainer.grpo_trainer import REF_ADAPTER_FILE, REF_MODEL_FILE, REF_SYNC_STATE_FILE
+from trl.trainer.grpo_checkpoint import REF_ADAPTER_FILE, REF_MODEL_FILE, REF_SYNC_STATE_FILE
 from trl.trainer.ref_sync import REFERENCE_ADAPTER
 
 
@@ -232,7 +232,7 @@ def test_epoch_strategy_syncs_at_each_epoch_end(model_dir, tmp_path):
 def test_resume_inside_a_generation_batch_is_exact(model_dir, tmp_path):
     """A checkpoint after step 1 of a generation batch that serves 4 optimizer steps (steps_per_generation=2,
     num_iterations=2): the rest of that batch is saved and the resumed run equals the uninterrupted one."""
-    from trl.trainer.grpo_trainer import GENERATION_BUFFER_FILE
+    from trl.trainer.grpo_checkpoint import GENERATION_BUFFER_FILE
 
     common = dict(
         ref_model_mixup_alpha=0.5, max_steps=4, gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=2
@@ -259,3 +259,36 @@ def test_resume_inside_a_generation_batch_is_exact(model_dir, tmp_path):
     drifted = make_trainer(model_dir, tmp_path / "b", **common)
     drifted.train(resume_from_checkpoint=str(checkpoint))
     assert not all(torch.equal(policy_a[k], p) for k, p in drifted.model.named_parameters())
+
+
+def test_resume_at_an_epoch_that_ends_inside_an_accumulation_window_is_exact(model_dir, tmp_path):
+    """One generation batch of 3 micro-batches per epoch, 2 per optimizer step: each epoch is a window of 2 and a
+    window of 1, so 2 optimizer steps are 3 micro-batches, not 2 × 2. A run resumed after epoch 1 samples and trains
+    exactly like the uninterrupted one, and `step_time` is logged once per optimizer step."""
+    from trl.trainer.grpo_inputs import micro_steps_done
+
+    common = dict(
+        per_device_train_batch_size=4,
+        steps_per_generation=3,
+        gradient_accumulation_steps=2,
+        max_steps=-1,
+        num_train_epochs=2,
+        dataset=make_arithmetic_dataset(3),  # 3 prompts × 4 completions: one generation batch per epoch
+    )
+    run_a = make_trainer(model_dir, tmp_path / "a", **common)
+    run_a.train()
+    assert run_a.state.global_step == 4 and run_a._step == 6
+    logs = [log for log in run_a.state.log_history if "loss" in log]
+    assert len(logs) == 4 and all(log["step_time"] > 0 for log in logs)
+
+    run_b = make_trainer(model_dir, tmp_path / "b", save_strategy="steps", save_steps=2, **common)
+    run_b.add_callback(_interrupt_at(2))
+    run_b.train()
+    assert run_b._step == 3 == micro_steps_done(2, 2, 3)
+    resumed = make_trainer(model_dir, tmp_path / "b", **common)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-2"))
+    assert resumed._step == 6
+    policy_a, policy_c = dict(run_a.model.named_parameters()), dict(resumed.model.named_parameters())
+    assert all(torch.equal(policy_a[k], policy_c[k]) for k in policy_a)
+    ref_a, ref_c = run_a._reference_tensors(), resumed._reference_tensors()
+    assert all(torch.equal(ref_a[k], ref_c[k]) for k in ref_a)

@@ -7,7 +7,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from trl import create_reference_model
-from trl.models.utils import disable_dropout_in_model
+from trl.models.utils import _inference_deepspeed_config, adapter_parameters, disable_dropout_in_model
 
 
 def test_create_reference_model_is_a_frozen_bitwise_copy(tiny_lm_path):
@@ -60,3 +60,50 @@ def test_create_reference_model_without_a_matching_layer_pattern_raises():
         create_reference_model(nn.Sequential(nn.Linear(2, 2)), num_shared_layers=2, pattern="h.{layer}")
     with pytest.raises(ValueError, match=r"No parameter name contains 'transformer.h.1' or 'model.decoder.layers.1'"):
         create_reference_model(nn.Sequential(nn.Linear(2, 2)), num_shared_layers=1)
+
+
+def test_adapter_parameters_match_the_adapter_name_as_a_whole_component(tiny_lm_path):
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], lora_dropout=0.0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_lm_path), lora)
+    model.add_adapter("def", LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], lora_dropout=0.0))
+    default = adapter_parameters(model, "default")
+    layers = model.config.num_hidden_layers
+    assert len(default) == 2 * layers and all(".default." in name for name in default)  # "def" is not "default"
+    assert len(adapter_parameters(model, "def")) == 2 * layers
+    assert all(default[name] is model.get_parameter(name) for name in default)  # the parameters, not copies
+
+
+def test_inference_deepspeed_config_zero3():
+    policy_config = {
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+            "offload_optimizer": {"device": "cpu"},
+        },
+        "optimizer": {"type": "AdamW"},
+        "scheduler": {"type": "WarmupLR"},
+        "bf16": {"enabled": True},
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+    }
+    config = _inference_deepspeed_config(policy_config, hidden_size=64)
+    assert "optimizer" not in config and "scheduler" not in config and "gradient_clipping" not in config
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["stage3_param_persistence_threshold"] == 0 and "offload_optimizer" not in zero
+    assert zero["zero_hpz_partition_size"] == 1
+    assert zero["reduce_bucket_size"] == int(0.9 * 64 * 64) and config["bf16"] == {"enabled": True}
+    assert config["train_micro_batch_size_per_gpu"] == 1 and "train_batch_size" not in config
+    assert policy_config["optimizer"] == {"type": "AdamW"}  # the policy's config is not modified
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_inference_deepspeed_config_replicated_stages(stage):
+    config = _inference_deepspeed_config(
+        {"zero_optimization": {"stage": stage, "overlap_comm": True}, "train_micro_batch_size_per_gpu": 2}, 64
+    )
+    assert config["zero_optimization"] == {"stage": 0} and config["train_micro_batch_size_per_gpu"] == 2

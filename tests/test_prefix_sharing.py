@@ -227,7 +227,8 @@ def test_lora_gradients_match(model):
 
 
 def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_dataset, grpo_kwargs, monkeypatch):
-    """Two optimizer steps with TRL's default gradient checkpointing: the same completions, the same parameters."""
+    """Two optimizer steps with TRL's default gradient checkpointing: the same loss and gradient norm at each step
+    (Adam's first step is lr·sign(g), so equal parameters alone would not show equal gradients), the same parameters."""
     from trl.trainer import grpo_scoring
 
     shared_passes = []  # (gradients on, rows) of every pass that shared its prompts
@@ -240,7 +241,7 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
         return cache
 
     monkeypatch.setattr(grpo_scoring, "shared_prefix_cache", counting)
-    params = {}
+    params, logged = {}, {}
     for share in (False, True):
         kwargs = {**grpo_kwargs, "gradient_checkpointing": True, "max_steps": 2, "shared_prefix_scoring": share}
         kwargs["output_dir"] = f"{grpo_kwargs['output_dir']}/{share}"
@@ -252,10 +253,16 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
         )
         trainer.train()
         params[share] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        logged[share] = [(log["loss"], log["grad_norm"]) for log in trainer.state.log_history if "grad_norm" in log]
         if share:  # per step: 2 reference chunks of 4 rows (one prompt each) and micro-batches with gradients
             assert shared_passes.count((False, 4)) == 4 and (True, 4) in shared_passes, shared_passes
         else:
             assert shared_passes == []
+    assert len(logged[True]) == len(logged[False]) == 2
+    for (loss, grad_norm), (plain_loss, plain_grad_norm) in zip(logged[True], logged[False]):
+        assert grad_norm > 1e-3  # a real gradient, not rounding noise
+        assert loss == pytest.approx(plain_loss, rel=1e-4, abs=1e-6)
+        assert grad_norm == pytest.approx(plain_grad_norm, rel=1e-4)
     initial = AutoModelForCausalLM.from_pretrained(tiny_lm_path).state_dict()
     assert any(not torch.equal(p, initial[n]) for n, p in params[True].items())  # it trained
     for name, value in params[False].items():

@@ -1,5 +1,8 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Reference syncing (trl.trainer.ref_sync): ref ← round(fp32 lerp(ref, policy, α)); α = 1 copies bits."""
+"""Reference syncing (trl.trainer.ref_sync): ref ← round(fp32 lerp(ref, policy, α)); α = 1 copies bits; the pairing
+of the two models' tensors; the reference a policy gets. Multi-process layouts: tests/test_distributed.py."""
+
+import warnings
 
 import pytest
 import torch
@@ -8,7 +11,8 @@ from transformers import Qwen2ForCausalLM
 
 from trl import sync_reference_model
 from trl.models.tiny import build_tokenizer, tiny_qwen2_config
-from trl.trainer.ref_sync import mix_tensors_, pair_for_sync
+from trl.trainer.layouts import tensor_layout
+from trl.trainer.ref_sync import REFERENCE_ADAPTER, ReferenceSync, make_reference, mix_tensors_, pair_for_sync
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +79,12 @@ def test_soft_update_bf16_rounds_once_from_fp32(tokenizer):
 
 
 def test_soft_update_mixed_dtypes_rounds_once(tokenizer):
-    """fp32 policy (e.g. master weights), bf16 reference: mix in fp32, round once to bf16."""
+    """fp32 policy (e.g. master weights), bf16 reference: mix in fp32, round once to bf16, all pairs local."""
     policy, reference = make_qwen(tokenizer, 1), make_qwen(tokenizer, 2, torch.bfloat16)
     pol0, ref0 = float_tensors(policy), float_tensors(reference)
-    sync_reference_model(policy, reference, 0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # same partitioning despite the dtypes: no gather-fallback warning
+        sync_reference_model(policy, reference, 0.3)
     for name, value in float_tensors(reference).items():
         assert value.dtype == torch.bfloat16
         assert torch.equal(value, ref0[name].float().lerp(pol0[name], 0.3).bfloat16()), name
@@ -109,6 +115,32 @@ def test_floating_buffers_synced_integer_buffers_untouched():
     assert torch.equal(reference.running_mean, policy.running_mean)
     assert torch.equal(reference.linear.weight, policy.linear.weight)
     assert torch.equal(reference.count, torch.tensor([2, 3]))
+
+
+def _pair_of_mlps(seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(seed)
+    policy = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    reference = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    return policy, reference
+
+
+def test_plain_pairing_is_all_local_and_exact():
+    policy, reference = _pair_of_mlps()
+    before = {n: t.clone() for n, t in reference.state_dict().items()}
+    plan = pair_for_sync(policy, reference)
+    assert isinstance(plan, ReferenceSync) and plan.fallback == [] and len(plan.local) == 6
+    assert {tensor_layout(p) for _, p, _ in plan.local} == {"plain"}
+    plan(0.6)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(tensor, torch.lerp(before[name], policy.state_dict()[name], 0.6))
+
+
+def test_local_parts_follow_storage_reassigned_after_pairing():
+    policy, reference = _pair_of_mlps()
+    plan = pair_for_sync(policy, reference)
+    reference[0].weight.data = torch.zeros(8, 4)  # an engine re-pointing storage after pairing
+    plan(1.0)
+    assert torch.equal(reference[0].weight, policy[0].weight)
 
 
 def test_pairs_align_by_name():
@@ -160,3 +192,22 @@ def test_mix_tensors_fp16_and_repeated_syncs_converge():
     assert torch.equal(ref[0], torch.full((5,), 1.0, dtype=torch.float16))
     mix_tensors_(ref, pol, 0.5)
     assert torch.equal(ref[0], torch.full((5,), 1.5, dtype=torch.float16))
+
+
+def test_make_reference_for_each_kind_of_policy(tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    policy = make_qwen(tokenizer, 1)
+    assert make_reference(policy, 0.0, True, False) == (None, None)  # beta = 0: no reference at all
+    ref_model, ref_adapter = make_reference(policy, 0.04, False, False)
+    assert ref_adapter is None and ref_model is not policy
+    assert all(torch.equal(p, q) and not q.requires_grad for p, q in zip(policy.parameters(), ref_model.parameters()))
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], lora_dropout=0.0)
+    peft_policy = get_peft_model(make_qwen(tokenizer, 1), lora)
+    assert make_reference(peft_policy, 0.04, False, False) == (None, None)  # base model, adapters disabled
+    assert REFERENCE_ADAPTER not in peft_policy.peft_config
+    assert make_reference(peft_policy, 0.04, True, False) == (None, REFERENCE_ADAPTER)  # syncing: a frozen copy
+    reference = {n: p for n, p in peft_policy.named_parameters() if f".{REFERENCE_ADAPTER}." in n}
+    assert len(reference) == 2 * 2 and not any(p.requires_grad for p in reference.values())  # A, B of 2 layers
+    for name, parameter in reference.items():
+        assert torch.equal(parameter, peft_policy.get_parameter(name.replace(f".{REFERENCE_ADAPTER}.", ".default.")))

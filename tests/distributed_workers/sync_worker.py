@@ -96,7 +96,8 @@ def count_collectives():
 
 def full_state(model) -> dict[str, torch.Tensor]:
     """Every float tensor of `model`, gathered whole on this rank (ZeRO-3 params, DTensors or plain tensors)."""
-    from trl.trainer.ref_sync import named_float_tensors, tensor_layout
+    from trl.trainer.layouts import tensor_layout
+    from trl.trainer.ref_sync import named_float_tensors
 
     tensors = dict(named_float_tensors(model))
     zero3 = [t for t in tensors.values() if tensor_layout(t) == "zero3"]
@@ -248,14 +249,15 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
 
 def checkpoint_roundtrip(trainer) -> bool:
     """Save a checkpoint, zero this rank's part of the reference, restore it: is the gathered reference bitwise back?"""
-    from trl.trainer.ref_sync import _local_part, named_float_tensors
+    from trl.trainer.layouts import local_part
+    from trl.trainer.ref_sync import named_float_tensors
 
     reference = trainer.accelerator.unwrap_model(trainer.ref_model)
     before = full_state(reference)
     trainer._save_checkpoint(trainer.model_wrapped, trial=None)
     with torch.no_grad():
         for _, tensor in named_float_tensors(reference):
-            _local_part(tensor).zero_()
+            local_part(tensor).zero_()
     folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
     trainer.accelerator.wait_for_everyone()  # rank 0 writes the file the others read
     trainer._load_reference_state(folder)
@@ -420,7 +422,7 @@ def run_zero3_lora(model_dir: str, out_dir: str) -> dict:
     from peft import LoraConfig
 
     from trl import GRPOTrainer
-    from trl.trainer.ref_sync import tensor_layout
+    from trl.trainer.layouts import tensor_layout
 
     args = grpo_config(os.path.join(out_dir, "zero3_lora_run"), 3, 1.0)
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")

@@ -1,11 +1,16 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Model helpers: building a frozen reference model, switching dropout off, unwrapping a policy for generation,
-placing frozen models (reference, reward models) next to the policy under accelerate / DeepSpeed."""
+"""Model helpers: loading the policy and its tokenizer, building a frozen reference model, switching dropout off,
+unwrapping a policy for generation, placing frozen models (reference, reward models) next to the policy under
+accelerate / DeepSpeed, and naming a PEFT adapter's parameters."""
 
 import copy
+import json
 from contextlib import contextmanager
+from typing import Any
 
+import torch
 from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 
 # Where the transformer blocks of common architectures live; `{layer}` is the block index.
@@ -15,6 +20,66 @@ LAYER_PATTERNS = (
     "gpt_neox.layers.{layer}",
     "model.layers.{layer}",
 )
+
+
+def model_init_kwargs(args) -> dict[str, Any]:
+    """The keyword arguments for `from_pretrained` from a config's `model_init_kwargs` (a dict or its JSON string)
+    and `trust_remote_code`; a `dtype` (or TRL's older `torch_dtype`) given by name becomes a `torch.dtype`."""
+    kwargs = args.model_init_kwargs or {}
+    kwargs = dict(json.loads(kwargs) if isinstance(kwargs, str) else kwargs)
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    dtype = kwargs.pop("torch_dtype", kwargs.get("dtype"))
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    return kwargs
+
+
+def load_policy(
+    model: str | PreTrainedModel, args, quantization_config=None, peft_config=None
+) -> tuple[PreTrainedModel, bool]:
+    """The policy to train: `model` loaded when it is a path (with `model_init_kwargs(args)` and
+    `quantization_config`), then wrapped with a new PEFT adapter when `peft_config` is given.
+
+    Returns:
+        `(policy, given_peft_model)`: `given_peft_model` is whether `model` already was a PEFT model (its adapter,
+        possibly trained, then serves as the initial reference).
+
+    Raises:
+        ValueError: if `quantization_config` or `args.model_init_kwargs` is given with an instantiated model.
+    """
+    if quantization_config is not None and not isinstance(model, str):
+        raise ValueError(
+            "quantization_config applies when `model` is a path; quantize an instantiated model yourself."
+        )
+    if isinstance(model, str):
+        quantization = {"quantization_config": quantization_config} if quantization_config is not None else {}
+        model = AutoModelForCausalLM.from_pretrained(model, **model_init_kwargs(args), **quantization)
+    elif args.model_init_kwargs:
+        raise ValueError("model_init_kwargs only apply when `model` is a path; you passed an instantiated model.")
+    given_peft_model = hasattr(model, "peft_config")
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        if args.gradient_checkpointing:  # frozen embeddings: let checkpointed blocks still see a grad input
+            model.enable_input_require_grads()
+        model = get_peft_model(model, peft_config)
+    return model, given_peft_model
+
+
+def load_tokenizer(model: PreTrainedModel, args, tokenizer: PreTrainedTokenizerBase | None = None):
+    """`tokenizer`, or the one saved with `model` (same revision as the model: `model_init_kwargs` apply to a path
+    only), with its EOS as pad token when it has none."""
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(
+            model.config._name_or_path,
+            revision=model_init_kwargs(args).get("revision"),
+            trust_remote_code=args.trust_remote_code,
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def create_reference_model(
@@ -134,6 +199,12 @@ def prepare_inference_model(model: nn.Module, accelerator) -> nn.Module:
 
         return fsdp2_prepare_model(accelerator, model).eval()
     return accelerator.prepare_model(model, evaluation_mode=True)
+
+
+def adapter_parameters(model: nn.Module, adapter: str) -> dict[str, nn.Parameter]:
+    """The parameters of PEFT adapter `adapter`, by their full names: those whose name has a component equal to the
+    adapter's name (e.g. `...lora_A.default.weight` for `"default"`). Not detached, so ZeRO-3 attributes survive."""
+    return {name: p for name, p in model.named_parameters() if adapter in name.split(".")}
 
 
 @contextmanager

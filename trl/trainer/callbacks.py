@@ -39,6 +39,18 @@ class SyncRefModelCallback(TrainerCallback):
         self.last_sync_step = 0
         self._sync: ReferenceSync | None = None  # the pairing, matched by name and validated once
 
+    @classmethod
+    def attach(cls, callback_handler, ref_model: nn.Module | None, accelerator=None) -> "SyncRefModelCallback":
+        """The one sync callback of a trainer: the first `SyncRefModelCallback` already in `callback_handler` (a
+        user-supplied one), bound to `ref_model` and `accelerator`, or a new one added at the end."""
+        existing = [cb for cb in callback_handler.callbacks if isinstance(cb, cls)]
+        if existing:
+            existing[0].ref_model, existing[0].accelerator = ref_model, accelerator
+            return existing[0]
+        callback = cls(ref_model=ref_model, accelerator=accelerator)
+        callback_handler.add_callback(callback)
+        return callback
+
     def sync(self, args: TrainingArguments, state: TrainerState, model: nn.Module) -> None:
         """Sync now, whatever the schedule says."""
         if self._sync is None:

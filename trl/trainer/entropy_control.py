@@ -9,6 +9,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from .grpo_losses import masked_mean
+
 
 class EntropyCoefficient(TrainerCallback, ExportableState):
     """Holds the weight of the entropy bonus `loss − coef · mean entropy` of [`GRPOTrainer`].
@@ -62,6 +64,37 @@ class EntropyCoefficient(TrainerCallback, ExportableState):
         if self.adaptive and self.last_entropy > self.target:
             return 0.0
         return self.coef
+
+    def add_bonus(
+        self,
+        loss: torch.Tensor,
+        entropies: torch.Tensor,
+        mask: torch.Tensor,
+        training: bool,
+        end_of_step: bool,
+        reduce: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+    ) -> tuple[torch.Tensor, float | None]:
+        """One micro-batch's loss with the bonus: `loss − applied() · mean(entropies over mask)`.
+
+        In training the micro-batch is also observed (see `observe`), after the bonus is taken, so a step's bonus
+        uses the coefficient set by the step before.
+
+        Args:
+            loss: scalar loss without the bonus.
+            entropies: `(N, L)` per-token entropies (with a gradient, for the bonus to act).
+            mask: `(N, L)` 0/1 tensor of the tokens the policy loss acts on.
+            training: a training micro-batch (evaluation neither observes nor logs the coefficient).
+            end_of_step: the last micro-batch of an optimizer step.
+            reduce: sums a tensor over processes.
+
+        Returns:
+            `(loss, coef)`: `coef` is the coefficient to log as `entropy_coef` at the end of a training step, else
+            `None`.
+        """
+        loss = loss - self.applied() * masked_mean(entropies, mask)
+        if training:
+            self.observe(entropies, mask, end_of_step, reduce)
+        return loss, self.coef if training and end_of_step else None
 
     def observe(
         self,

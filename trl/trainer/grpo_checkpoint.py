@@ -10,7 +10,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.utils import logging
 
-from .ref_sync import gathered_tensor, named_float_tensors
+from ..models.utils import adapter_parameters
+from .layouts import gathered_tensor
+from .ref_sync import named_float_tensors
 
 
 logger = logging.get_logger(__name__)
@@ -36,7 +38,7 @@ def reference_tensors(
     """
     if ref_model is not None:
         return dict(named_float_tensors(ref_model))
-    return {name: p for name, p in policy.named_parameters() if ref_adapter in name.split(".")}
+    return adapter_parameters(policy, ref_adapter)
 
 
 def save_reference_state(

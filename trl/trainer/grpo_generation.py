@@ -1,16 +1,47 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Sampling the completions of a generation batch with transformers' `generate`, optionally prefilling each unique
-prompt once and sharing its KV cache across the rows that repeat it (GRPO repeats every prompt G times)."""
+prompt once and sharing its KV cache across the rows that repeat it (GRPO repeats every prompt G times); the
+`GenerationConfig` that the sampling settings of a `GRPOConfig` make; and what the sampled ids are as completions."""
+
+from typing import NamedTuple
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from .grpo_config import GENERATION_IMPLEMENTATIONS
+from .grpo_inputs import ends_with_stop
+from .grpo_losses import completion_mask
+from .layouts import PLAIN, ZERO3, parameter_layouts
 from .prefix_sharing import shared_prefix_cache
-from .ref_sync import PLAIN, ZERO3, tensor_layout
 
 
-ENTRY_POINT = "sample_completions"  # the name the trainer calls (benchmarks time it)
+def grpo_generation_config(args, tokenizer, eos_token_ids: list[int]) -> GenerationConfig:
+    """The sampling settings of a [`GRPOConfig`] as a `GenerationConfig`, as TRL 1.16 sets them.
+
+    Up to `max_completion_length` new tokens are sampled at `temperature` with `top_p`, `top_k`, `min_p` and
+    `repetition_penalty`; a completion stops at any of `eos_token_ids`. `args.generation_kwargs` override any of
+    these (e.g. `{"num_beams": 2}`); `disable_compile=True` keeps `generate` from compiling the model.
+
+    Args:
+        args: the trainer's config.
+        tokenizer: the policy's tokenizer (its pad and BOS ids).
+        eos_token_ids: the ids that end a completion (`grpo_inputs.stop_token_ids`).
+    """
+    settings = dict(
+        max_new_tokens=args.max_completion_length,
+        do_sample=True,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_token_ids,
+        bos_token_id=tokenizer.bos_token_id,
+        cache_implementation=args.cache_implementation,
+        disable_compile=True,
+    )
+    return GenerationConfig(**{**settings, **(args.generation_kwargs or {})})
 
 
 def sample_completions(
@@ -22,16 +53,18 @@ def sample_completions(
 ) -> torch.Tensor:
     """Sample one completion per prompt row with `model.generate(generation_config=generation_config)`.
 
-    `"generate"` calls `generate` on the batch as it is (what TRL 1.16 does). `"shared_prefix"` first runs the
-    model once over the distinct prompts without their last token, copies that KV cache to every row that repeats the
-    prompt, and lets `generate` continue from it: the prompt is prefilled U times instead of N, and everything that
-    decides which tokens are drawn (logits processors, the random draws, EOS handling, padding, stopping) is
-    `generate`'s own. Completions follow the same distribution; the prefix keys/values come from a smaller batch,
-    so they can differ from the unshared ones in the last float bits. It falls back to `"generate"` when there is
-    nothing to share (all prompts distinct, one-token prompts), when `generation_config.cache_implementation` asks
-    for another cache or `use_cache=False` for none, for models without a `DynamicCache`, when the prompts are not
-    left-padded, for PEFT prompt learning (prompt or prefix tuning adds its own tokens or cache), or under DeepSpeed
-    ZeRO-3 (whose forward hooks would re-partition the weights gathered for generation).
+    Both implementations sample in eval mode (no dropout) under `torch.inference_mode()` (`torch.no_grad()` for
+    sharded parameters); TRL 1.16 samples in the policy's train mode (docs: "Differences from TRL"). `"generate"` calls `generate` on the batch as it is.
+    `"shared_prefix"` first runs the model once over the distinct prompts without their last token, copies that KV
+    cache to every row that repeats the prompt, and lets `generate` continue from it: the prompt is prefilled U times
+    instead of N, and everything that decides which tokens are drawn (logits processors, the random draws, EOS
+    handling, padding, stopping) is `generate`'s own. Completions follow the same distribution; the prefix
+    keys/values come from a smaller batch, so they can differ from the unshared ones in the last float bits. It falls
+    back to `"generate"` when there is nothing to share (all prompts distinct, one-token prompts), when
+    `generation_config.cache_implementation` asks for another cache or `use_cache=False` for none, for models without
+    a `DynamicCache`, when the prompts are not left-padded, for PEFT prompt learning (prompt or prefix tuning adds its
+    own tokens or cache), or under DeepSpeed ZeRO-3 (whose forward hooks would re-partition the weights gathered for
+    generation).
 
     Args:
         model: a causal LM (or a PEFT model around one); put in eval mode for the call, then restored. Runs under
@@ -50,7 +83,7 @@ def sample_completions(
         raise ValueError(
             f"generation_implementation must be one of {GENERATION_IMPLEMENTATIONS}, got {implementation!r}."
         )
-    layouts = {tensor_layout(p) for p in model.parameters()}
+    layouts = parameter_layouts(model)
     zero3, sharded = ZERO3 in layouts, layouts != {PLAIN}
     # ZeRO-3: a forward before `generate` would hand the weights gathered for generation back to their partitions
     # no cache to share: `use_cache=False` (generate would re-read the whole prefix) or a model without DynamicCache
@@ -74,3 +107,43 @@ def sample_completions(
     finally:
         model.train(was_training)
     return sequences[:, prompt_ids.size(1) :].clone()  # a normal tensor: training may save it for backward
+
+
+class Completions(NamedTuple):
+    """The sampled completions of N prompt rows, as the rewards and the loss read them.
+
+    Attributes:
+        full_mask: `(N, L)` int64, 1 on each completion's tokens up to and including its first stop token.
+        mask: `(N, L)` int64 loss mask: `full_mask`, zeroed on truncated completions with `mask_truncated_completions`.
+        terminated: `(N,)` bool, `True` where the completion ended with a stop (or pad) token.
+        ids: N lists of the completion's token ids (under `full_mask`).
+        texts: N decoded completions (special tokens skipped).
+        completions: what reward functions receive: `texts`, or `[{"role": "assistant", "content": text}]` each for
+            conversational prompts.
+    """
+
+    full_mask: torch.Tensor
+    mask: torch.Tensor
+    terminated: torch.Tensor
+    ids: list[list[int]]
+    texts: list[str]
+    completions: list
+
+
+def decode_completions(
+    completion_ids: torch.Tensor,
+    tokenizer: PreTrainedTokenizerBase,
+    eos_token_ids: list[int],
+    mask_truncated_completions: bool = False,
+    conversational: bool = False,
+) -> Completions:
+    """Masks, token lists and texts of `(N, L)` sampled `completion_ids`, as TRL 1.16 makes them: a completion ends at
+    its first id of `eos_token_ids`; it counts as terminated when its last token is a stop or the pad token (not cut
+    by `max_completion_length`)."""
+    full_mask = completion_mask(completion_ids, eos_token_ids)
+    terminated = ends_with_stop(completion_ids, full_mask, [*eos_token_ids, tokenizer.pad_token_id])
+    mask = full_mask * terminated.unsqueeze(1).long() if mask_truncated_completions else full_mask
+    ids = [row[m.bool()].tolist() for row, m in zip(completion_ids, full_mask)]
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+    return Completions(full_mask, mask, terminated, ids, texts, completions)

@@ -1,11 +1,16 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""What goes into generation and into the loss, as TRL 1.16 builds it: prompt token ids, the tokens that stop a
-completion, and the shuffled micro-batches of a generation batch."""
+"""What goes into generation and into the loss, as TRL 1.16 builds it: the order prompts are drawn in, prompt token
+ids, the seeds of sampling and shuffling, the tokens that stop a completion, the dataset columns reward functions
+receive, and the shuffled micro-batches of a generation batch."""
 
+import math
+from collections.abc import Iterator, Sized
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import Sampler
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging
 
@@ -21,6 +26,113 @@ def derived_seed(*entropy: int) -> int:
 def shuffle_seed(seed: int, step: int, process_index: int) -> int:
     """Seed of the micro-batch shuffle of the generation batch made at micro-step `step` on a process."""
     return derived_seed(seed, 2, step, process_index)  # 0 and 1 seed train and eval sampling
+
+
+@contextmanager
+def sampling_rng(
+    seed: int, evaluation: bool, position: list[int], process_index: int, device: torch.device
+) -> Iterator[None]:
+    """Run the block with the torch RNG (CPU and `device`) seeded from (seed, train/eval, position, process), and
+    leave the global RNG streams as they were.
+
+    The position is the micro-step for training, and (optimizer step, batch index within the evaluation) for
+    evaluation. Completions then depend on where training is, not on what consumed random numbers before, so a run
+    resumed from a checkpoint samples (and evaluates) exactly what the uninterrupted run did, and no two generation
+    batches share draws.
+    """
+    devices = [device] if device.type != "cpu" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        torch.manual_seed(derived_seed(seed, int(evaluation), *position, process_index))
+        yield
+
+
+def micro_steps_done(global_step: int, gradient_accumulation_steps: int, batches_per_epoch: int | None) -> int:
+    """Micro-batches the `Trainer` has trained on after `global_step` optimizer steps.
+
+    `Trainer` cuts every epoch into accumulation windows of `gradient_accumulation_steps` micro-batches, the last one
+    shorter when the epoch's `batches_per_epoch` is not a multiple of it, and resumes at the start of an epoch's
+    `global_step % updates_per_epoch`-th window. `batches_per_epoch=None` (an iterable dataset: no epochs) gives
+    `global_step × gradient_accumulation_steps`.
+
+    Example: 3 micro-batches per epoch and 2 per window make windows of 2, 1, 2, 1: 2 optimizer steps are 3 micro-batches.
+    """
+    if batches_per_epoch is None:
+        return global_step * gradient_accumulation_steps
+    updates_per_epoch = max(math.ceil(batches_per_epoch / gradient_accumulation_steps), 1)
+    epochs, updates = divmod(global_step, updates_per_epoch)
+    return epochs * batches_per_epoch + updates * gradient_accumulation_steps
+
+
+class RepeatSampler(Sampler):
+    """Yields dataset indices so that each prompt appears G times in a row and each generation batch is re-read.
+
+    Order: shuffle the indices (seeded per epoch), cut them into chunks of `batch_size` unique prompts (dropping
+    an incomplete last chunk), and yield each chunk `repeat_count` times, each index `mini_repeat_count` times in a
+    row. With `mini_repeat_count = num_generations`, `batch_size = generation_batch_size / num_generations` and
+    `repeat_count = num_iterations × steps_per_generation`, every micro-batch the `Trainer` asks for belongs to one
+    generation batch, which the trainer generates once and then slices.
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        mini_repeat_count: int,
+        batch_size: int = 1,
+        repeat_count: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+    ):
+        self.num_samples = len(data_source)
+        self.mini_repeat_count = mini_repeat_count
+        self.batch_size = batch_size
+        self.repeat_count = repeat_count
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+
+    @classmethod
+    def for_training(cls, dataset: Sized, args) -> "RepeatSampler":
+        """The training order of a [`GRPOConfig`]: `num_generations` rows per prompt, generation batches of
+        `generation_batch_size` rows, each read `num_iterations × steps_per_generation` times."""
+        return cls(
+            dataset,
+            mini_repeat_count=args.num_generations,
+            batch_size=args.generation_batch_size // args.num_generations,
+            repeat_count=args.num_iterations * args.steps_per_generation,
+            shuffle=args.shuffle_dataset,
+            seed=args.seed,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_samples, generator=generator).tolist()
+        else:
+            order = list(range(self.num_samples))
+        for start in range(0, self.num_samples - self.batch_size + 1, self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for _ in range(self.repeat_count):
+                for index in chunk:
+                    for _ in range(self.mini_repeat_count):
+                        yield index
+
+    def __len__(self) -> int:
+        return (self.num_samples // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
+
+
+def is_conversational(example: dict[str, Any]) -> bool:
+    """True when the example's `"prompt"` is a list of `{"role", "content"}` messages."""
+    prompt = example.get("prompt")
+    return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+def reward_columns(inputs: list[dict[str, Any]]) -> dict[str, list]:
+    """The dataset columns of a batch that reward (and label) functions receive as keyword arguments, one list per
+    column: every key of the examples except `prompt`, `completion` and `completion_ids`."""
+    return {k: [x[k] for x in inputs] for k in inputs[0] if k not in ("prompt", "completion", "completion_ids")}
 
 
 def stop_token_ids(tokenizer_eos_token_id: int | None, model_eos_token_id: int | list[int] | None) -> list[int]:
@@ -129,3 +241,23 @@ def shuffle_and_split(batch: dict[str, Any], num_chunks: int, seed: int) -> list
         for key, value in batch.items()
     }
     return split_tensor_dict(shuffled, num_chunks)
+
+
+def check_prompt_datasets(train_dataset, eval_dataset=None) -> None:
+    """Raise a `ValueError` unless there is a `train_dataset` and every dataset with known columns has `"prompt"`."""
+    if train_dataset is None:
+        raise ValueError("GRPOTrainer needs a `train_dataset` (with a 'prompt' column) to sample prompts from.")
+    for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+        columns = getattr(dataset, "column_names", None)
+        if isinstance(columns, list) and "prompt" not in columns:
+            raise ValueError(f"{name} needs a 'prompt' column; it has {columns}.")
+
+
+def check_eval_batch(per_device_eval_batch_size: int, num_processes: int, num_generations_eval: int) -> None:
+    """Raise a `ValueError` unless the global eval batch holds whole groups of `num_generations_eval` completions."""
+    if (per_device_eval_batch_size * num_processes) % num_generations_eval:
+        raise ValueError(
+            f"The global eval batch ({per_device_eval_batch_size} × {num_processes} processes) must be divisible by "
+            f"num_generations_eval ({num_generations_eval}; when unset, num_generations): change "
+            "per_device_eval_batch_size or num_generations_eval."
+        )

@@ -405,6 +405,7 @@ def high_entropy_mask(
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the clipped surrogate, and clip_ratio metrics
+TOKEN_SUM_LOSS_TYPES = ("dapo", "cispo", "vespo")  # token sums over the generation batch's active tokens
 # GRPOConfig fields that `per_token_policy_loss` takes as keyword arguments, under the same names.
 POLICY_LOSS_FIELDS = (
     "loss_type",
@@ -544,7 +545,7 @@ def aggregate_loss(
         if max_completion_length is None:
             raise ValueError("loss_type='dr_grpo' needs max_completion_length.")
         return masked.sum() / (per_token_loss.size(0) * max_completion_length)
-    if loss_type in ("dapo", "cispo", "vespo"):
+    if loss_type in TOKEN_SUM_LOSS_TYPES:
         if num_items_in_batch is None:
             raise ValueError(f"loss_type={loss_type!r} needs num_items_in_batch.")
         return masked.sum() / torch.as_tensor(num_items_in_batch, dtype=masked.dtype).clamp(min=1.0)

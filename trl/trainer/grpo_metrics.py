@@ -1,5 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""The logged GRPO metrics as pure functions, with the names and meanings TRL 1.16 gives them.
+"""The logged GRPO metrics as pure functions, with the names and meanings TRL 1.16 gives them, and the completions
+table printed at logging steps.
 
 Every function takes tensors already gathered from all processes (or per-sequence sums that the trainer gathers)
 and returns plain floats, so a metric means the same on one process and on many: token averages are taken over
@@ -10,6 +11,8 @@ import math
 from collections.abc import Callable
 
 import torch
+
+from .grpo_losses import TOKEN_SUM_LOSS_TYPES
 
 
 ZERO_STD_ATOL = 1e-8  # a reward std at most this small counts as "zero std" (no learning signal)
@@ -158,6 +161,100 @@ def completion_length_metrics(lengths: torch.Tensor, terminated: torch.Tensor) -
         "completions/min_terminated_length": ended.min().item(),
         "completions/max_terminated_length": ended.max().item(),
     }
+
+
+def reward_metrics(rewards_per_func: torch.Tensor, names: list[str], rewards: torch.Tensor) -> dict[str, float]:
+    """The logged reward values of one batch: `reward` (mean of the weighted sum over scored completions) and
+    `rewards/<name>/mean`, `rewards/<name>/std` (sample std) per function over the completions it scored; NaN where
+    there is nothing (or, for a std, one value) to average.
+
+    Args:
+        rewards_per_func: `(N, F)`, NaN for `None`.
+        names: F names.
+        rewards: `(N,)` weighted sums, NaN where no function scored (as returned by `aggregate_rewards`).
+    """
+    metrics = {}
+    for name, column in zip(names, rewards_per_func.unbind(dim=1)):
+        column = column[~torch.isnan(column)]
+        metrics[f"rewards/{name}/mean"] = column.mean().item() if column.numel() else float("nan")
+        metrics[f"rewards/{name}/std"] = column.std().item() if column.numel() > 1 else float("nan")
+    metrics["reward"] = torch.nanmean(rewards).item()
+    return metrics
+
+
+def generation_batch_metrics(
+    completion_lengths: torch.Tensor,
+    terminated: torch.Tensor,
+    rewards_per_func: torch.Tensor,
+    reward_names: list[str],
+    rewards: torch.Tensor,
+    frac_zero_std: float,
+    truncated: torch.Tensor | None = None,
+    hook_metrics: dict[str, float] | None = None,
+) -> dict[str, float]:
+    """Everything logged about one generation batch, over all processes: `prompts/truncated_ratio` (when prompts are
+    cut, `truncated` given), `completions/*`, `rewards/<name>/mean|std`, `reward`, the reward functions' own
+    `log_metric` values, `reward_std` and `frac_reward_zero_std`.
+
+    Args:
+        completion_lengths: `(N,)` tokens per completion (stop token included).
+        terminated: `(N,)` bool, `True` where the completion ended with a stop token.
+        rewards_per_func: `(N, F)` float rewards, NaN for `None`.
+        reward_names: F names.
+        rewards: `(N,)` weighted sums, NaN where no function scored (`grpo_rewards.aggregate_rewards`).
+        frac_zero_std: `frac_reward_zero_std`, from `aggregate_rewards`.
+        truncated: `(N_prompts,)` bool, the prompts `max_prompt_length` cut.
+        hook_metrics: name → value averaged over processes (`RewardLogHooks.pop`).
+    """
+    metrics = {} if truncated is None else {"prompts/truncated_ratio": truncated.float().mean().item()}
+    metrics.update(completion_length_metrics(completion_lengths, terminated))
+    metrics.update(reward_metrics(rewards_per_func, reward_names, rewards))
+    metrics.update(hook_metrics or {})
+    metrics["reward_std"] = reward_std(rewards)
+    metrics["frac_reward_zero_std"] = frac_zero_std
+    return metrics
+
+
+def policy_loss_metric(
+    loss: torch.Tensor,
+    loss_type: str,
+    training: bool,
+    accumulation_steps: int,
+    gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> float:
+    """`policy_loss` as TRL logs it next to an entropy bonus: the micro-batch's scalar `loss` before the bonus,
+    averaged over processes; in training, the token-sum loss types (`TOKEN_SUM_LOSS_TYPES`, whose value is already a
+    share of the step's total) log it divided by the window's `accumulation_steps`: their share of the step."""
+    share = accumulation_steps if training and loss_type in TOKEN_SUM_LOSS_TYPES else 1
+    return gather(loss.detach() / share).nanmean().item()
+
+
+def completions_table(columns: dict[str, list], unique_prompts: bool = False) -> dict[str, list]:
+    """The completions table as columns of equal length; with `unique_prompts`, only the first row of each prompt
+    (TRL's `log_unique_prompts`)."""
+    if not unique_prompts:
+        return columns
+    seen, keep = set(), []
+    for i, prompt in enumerate(columns["prompt"]):
+        if str(prompt) not in seen:
+            seen.add(str(prompt))
+            keep.append(i)
+    return {name: [values[i] for i in keep] for name, values in columns.items()}
+
+
+def print_completions_table(table: dict[str, list], step: int, max_rows: int | None = None) -> None:
+    """Print the completions table with `rich`: one column per key, floats to 3 decimals, at most `max_rows` rows
+    (all when `None` or 0)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    printed = Table(title=f"Completions at step {step}", show_lines=True)
+    for column in table:
+        printed.add_column(column)
+    rows = list(zip(*table.values()))
+    for row in rows[: max_rows or len(rows)]:
+        printed.add_row(*(f"{value:.3f}" if isinstance(value, float) else str(value) for value in row))
+    Console().print(printed)
 
 
 def window_mean(values: list[float]) -> float | None:

@@ -12,7 +12,7 @@ import threading
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -308,13 +308,33 @@ def combine_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor
     return rewards, valid
 
 
+class AggregatedRewards(NamedTuple):
+    """What `aggregate_rewards` returns; every tensor is `(N,)`.
+
+    Attributes:
+        advantages: float advantages.
+        rewards: the weighted sum of the raw rewards (logged as `reward`, in both aggregation modes); NaN where no
+            function scored.
+        valid: bool mask of the completions at least one function scored.
+        frac_reward_zero_std: the logged `frac_reward_zero_std` of the rewards whose std scales the advantages: the
+            weighted sum per group (over the batch with `scale_rewards="batch"`) for `"sum_then_normalize"`; the
+            batch of GDPO combined rewards (`normalized_sum`) for `"normalize_then_sum"`, where groups that are
+            constant in every reward give 1 (see `grpo_metrics.frac_reward_zero_std`).
+    """
+
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+    valid: torch.Tensor
+    frac_reward_zero_std: float
+
+
 def aggregate_rewards(
     rewards_per_func: torch.Tensor,
     reward_weights: torch.Tensor,
     num_generations: int,
     scale_rewards: str = "group",
     multi_objective_aggregation: str = "sum_then_normalize",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> AggregatedRewards:
     """Advantages from the rewards of several functions, as `multi_objective_aggregation` says.
 
     - `"sum_then_normalize"`: r = Σ_k w_k·r_k, then group advantages of r scaled as `scale_rewards` says
@@ -334,24 +354,27 @@ def aggregate_rewards(
         multi_objective_aggregation: `"sum_then_normalize"` or `"normalize_then_sum"`.
 
     Returns:
-        `(advantages, rewards, valid)`, all `(N,)`: the advantages; the weighted sum of the raw rewards (what is
-        logged as `reward`, in both modes; NaN where no function scored); and the mask of scored completions.
+        [`AggregatedRewards`]: advantages, the logged rewards, the scored mask and `frac_reward_zero_std`.
 
     Raises:
         ValueError: for an unknown `multi_objective_aggregation` (or `scale_rewards`), or N not divisible by G.
     """
     weighted, valid = combine_rewards(rewards_per_func, reward_weights)
+    rewards = weighted.masked_fill(~valid, float("nan"))
     if multi_objective_aggregation == "sum_then_normalize":
         advantages = group_advantages(weighted, num_generations, scale_rewards, valid)
+        zero_std = frac_reward_zero_std(rewards, num_generations, scale_rewards)
     elif multi_objective_aggregation == "normalize_then_sum":
-        summed = normalized_sum(rewards_per_func, reward_weights, num_generations).nan_to_num(0.0)
-        advantages = group_advantages(summed, summed.numel(), "group", valid)  # the whole batch as one group
+        combined = normalized_sum(rewards_per_func, reward_weights, num_generations)
+        # the whole batch as one group
+        advantages = group_advantages(combined.nan_to_num(0.0), combined.numel(), "group", valid)
+        zero_std = frac_reward_zero_std(combined, 1, "batch")
     else:
         raise ValueError(
             f"multi_objective_aggregation must be one of {', '.join(MULTI_OBJECTIVE_AGGREGATIONS)}, got "
             f"{multi_objective_aggregation!r}."
         )
-    return advantages, weighted.masked_fill(~valid, float("nan")), valid
+    return AggregatedRewards(advantages, rewards, valid, zero_std)
 
 
 def normalized_sum(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -375,49 +398,6 @@ def normalized_sum(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor,
     )
     summed = (normalised * reward_weights.to(normalised).unsqueeze(0)).sum(dim=1)
     return summed.masked_fill(torch.isnan(rewards_per_func).all(dim=1), float("nan"))
-
-
-def zero_std_fraction(
-    rewards_per_func: torch.Tensor,
-    reward_weights: torch.Tensor,
-    num_generations: int,
-    scale_rewards: str = "group",
-    multi_objective_aggregation: str = "sum_then_normalize",
-) -> float:
-    """The logged `frac_reward_zero_std`, from the rewards whose std scales the advantages: the weighted sum per
-    group (or over the batch with `scale_rewards="batch"`) for `"sum_then_normalize"`; the batch of GDPO combined
-    rewards (`normalized_sum`) for `"normalize_then_sum"`, where groups that are constant in every reward give 1.
-
-    Args:
-        rewards_per_func: `(N, F)` float tensor, NaN for `None`.
-        reward_weights: `(F,)` float tensor.
-        num_generations: G.
-        scale_rewards: `"group"`, `"batch"` or `"none"` (sum-then-normalise only).
-        multi_objective_aggregation: `"sum_then_normalize"` or `"normalize_then_sum"`.
-    """
-    if multi_objective_aggregation == "normalize_then_sum":
-        return frac_reward_zero_std(normalized_sum(rewards_per_func, reward_weights, num_generations), 1, "batch")
-    weighted, valid = combine_rewards(rewards_per_func, reward_weights)
-    return frac_reward_zero_std(weighted.masked_fill(~valid, float("nan")), num_generations, scale_rewards)
-
-
-def reward_metrics(rewards_per_func: torch.Tensor, names: list[str], rewards: torch.Tensor) -> dict[str, float]:
-    """The logged reward values of one batch: `reward` (mean of the weighted sum over scored completions) and
-    `rewards/<name>/mean`, `rewards/<name>/std` (sample std) per function over the completions it scored; NaN where
-    there is nothing (or, for a std, one value) to average.
-
-    Args:
-        rewards_per_func: `(N, F)`, NaN for `None`.
-        names: F names.
-        rewards: `(N,)` weighted sums, NaN where no function scored (as returned by `aggregate_rewards`).
-    """
-    metrics = {}
-    for name, column in zip(names, rewards_per_func.unbind(dim=1)):
-        column = column[~torch.isnan(column)]
-        metrics[f"rewards/{name}/mean"] = column.mean().item() if column.numel() else float("nan")
-        metrics[f"rewards/{name}/std"] = column.std().item() if column.numel() > 1 else float("nan")
-    metrics["reward"] = torch.nanmean(rewards).item()
-    return metrics
 
 
 # ---------------------------------------------------------------- logging hooks
@@ -475,16 +455,3 @@ class RewardLogHooks:
         self.extra.clear()
         self.metrics.clear()
         return columns, metrics
-
-
-def completions_table(columns: dict[str, list], unique_prompts: bool = False) -> dict[str, list]:
-    """The completions table as columns of equal length; with `unique_prompts`, only the first row of each prompt
-    (TRL's `log_unique_prompts`)."""
-    if not unique_prompts:
-        return columns
-    seen, keep = set(), []
-    for i, prompt in enumerate(columns["prompt"]):
-        if str(prompt) not in seen:
-            seen.add(str(prompt))
-            keep.append(i)
-    return {name: [values[i] for i in keep] for name, values in columns.items()}

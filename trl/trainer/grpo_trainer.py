@@ -2,50 +2,40 @@
 """`GRPOTrainer`: Group Relative Policy Optimization (arXiv 2402.03300) with iterative reference-model syncing.
 
 The trainer orchestrates one step as data: prompts → G completions each → rewards → group advantages →
-policy/old/reference log-probs → clipped loss with a KL penalty. The maths lives in `grpo_losses`, the reward
-pipeline in `grpo_rewards`, the reference syncing in `ref_sync` and `callbacks`.
+policy/old/reference log-probs → clipped loss with a KL penalty. Inputs and seeds live in `grpo_inputs`, sampling in
+`grpo_generation`, the reward pipeline in `grpo_rewards`, log-probs in `grpo_scoring`, the maths in `grpo_losses`,
+metrics in `grpo_metrics`, the reference in `ref_sync` and `callbacks`, checkpoint extras in `grpo_checkpoint`.
 """
 
-import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sized
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset, IterableDataset
-from torch import nn
 from torch.utils.data import Sampler
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    Trainer,
-    TrainerCallback,
-)
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, has_length
 from transformers.utils import logging
 
 from ..models.utils import (
-    create_reference_model,
     disable_dropout_in_model,
+    load_policy,
+    load_tokenizer,
+    model_init_kwargs,
     prepare_inference_model,
     unwrap_model_for_generation,
     use_adapter,
 )
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
 from .entropy_control import EntropyCoefficient
-from .grpo_checkpoint import (  # noqa: F401 (file names re-exported for tests and users)
-    GENERATION_BUFFER_FILE,
+from .grpo_checkpoint import (
     REF_ADAPTER_FILE,
     REF_MODEL_FILE,
-    REF_SYNC_STATE_FILE,
     load_generation_buffer,
     load_reference_state,
     reference_tensors,
@@ -53,31 +43,35 @@ from .grpo_checkpoint import (  # noqa: F401 (file names re-exported for tests a
     save_reference_state,
 )
 from .grpo_config import GRPOConfig
-from .grpo_generation import sample_completions
+from .grpo_generation import decode_completions, grpo_generation_config, sample_completions
 from .grpo_inputs import (
-    derived_seed,
-    ends_with_stop,
+    RepeatSampler,
+    check_eval_batch,
+    check_prompt_datasets,
+    is_conversational,
+    micro_steps_done,
+    reward_columns,
+    sampling_rng,
     shuffle_and_split,
     shuffle_seed,
-    split_tensor_dict,  # noqa: F401 (re-exported)
     stop_token_ids,
     tokenize_prompts,
 )
 from .grpo_losses import (
     POLICY_LOSS_FIELDS,
     aggregate_loss,
-    completion_mask,
     high_entropy_mask,
     importance_weighted_kl,
     kl_k3,
-    masked_mean,
     pad_to_multiple,
     per_token_policy_loss,
 )
 from .grpo_metrics import (
-    completion_length_metrics,
+    completions_table,
+    generation_batch_metrics,
     loss_metrics,
-    reward_std,
+    policy_loss_metric,
+    print_completions_table,
     window_mean,
 )
 from .grpo_rewards import (
@@ -86,92 +80,19 @@ from .grpo_rewards import (
     RewardLogHooks,
     aggregate_rewards,
     call_reward_funcs,
-    completions_table,
     is_async_reward_func,
     load_reward_funcs,
-    reward_metrics,
-    zero_std_fraction,
 )
-from .grpo_scoring import (
-    cast_lm_head_to_fp32,
-    gather_valid_entropies,
-    router_aux_loss_settings,
-    score_completions,
-)
-from .ref_sync import REFERENCE_ADAPTER, add_reference_adapter
+from .grpo_scoring import cast_lm_head_to_fp32, gather_valid_entropies, router_aux_loss_settings, score_completions
+from .ref_sync import make_reference
 from .reward_model_refresh import RewardModelRefresh
 
 
 logger = logging.get_logger(__name__)
 
 
-class RepeatSampler(Sampler):
-    """Yields dataset indices so that each prompt appears G times in a row and each generation batch is re-read.
-
-    Order: shuffle the indices (seeded per epoch), cut them into chunks of `batch_size` unique prompts (dropping
-    an incomplete last chunk), and yield each chunk `repeat_count` times, each index `mini_repeat_count` times in a
-    row. With `mini_repeat_count = num_generations`, `batch_size = generation_batch_size / num_generations` and
-    `repeat_count = num_iterations × steps_per_generation`, every micro-batch the `Trainer` asks for belongs to one
-    generation batch, which the trainer generates once and then slices.
-    """
-
-    def __init__(
-        self,
-        data_source: Sized,
-        mini_repeat_count: int,
-        batch_size: int = 1,
-        repeat_count: int = 1,
-        shuffle: bool = True,
-        seed: int = 0,
-    ):
-        self.num_samples = len(data_source)
-        self.mini_repeat_count = mini_repeat_count
-        self.batch_size = batch_size
-        self.repeat_count = repeat_count
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.num_samples, generator=generator).tolist()
-        else:
-            order = list(range(self.num_samples))
-        for start in range(0, self.num_samples - self.batch_size + 1, self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            for _ in range(self.repeat_count):
-                for index in chunk:
-                    for _ in range(self.mini_repeat_count):
-                        yield index
-
-    def __len__(self) -> int:
-        return (self.num_samples // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
-
-
-def is_conversational(example: dict[str, Any]) -> bool:
-    """True when the example's `"prompt"` is a list of `{"role", "content"}` messages."""
-    prompt = example.get("prompt")
-    return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
-
-
 def _identity(features):
     return features
-
-
-def _model_init_kwargs(args: GRPOConfig) -> dict[str, Any]:
-    kwargs = args.model_init_kwargs or {}
-    kwargs = dict(json.loads(kwargs) if isinstance(kwargs, str) else kwargs)
-    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-    dtype = kwargs.pop("torch_dtype", kwargs.get("dtype"))
-    if isinstance(dtype, str) and dtype != "auto":
-        dtype = getattr(torch, dtype)
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    return kwargs
 
 
 class GRPOTrainer(Trainer):
@@ -254,58 +175,21 @@ class GRPOTrainer(Trainer):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = GRPOConfig(f"{os.path.basename(str(name).rstrip('/')) or 'model'}-GRPO")
-
-        # Policy
-        if quantization_config is not None and not isinstance(model, str):
-            raise ValueError(
-                "quantization_config applies when `model` is a path; quantize an instantiated model yourself."
-            )
-        if isinstance(model, str):
-            quantization = {"quantization_config": quantization_config} if quantization_config is not None else {}
-            model = AutoModelForCausalLM.from_pretrained(model, **_model_init_kwargs(args), **quantization)
-        elif args.model_init_kwargs:
-            raise ValueError("model_init_kwargs only apply when `model` is a path; you passed an instantiated model.")
-        given_peft_model = hasattr(model, "peft_config")
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            if args.gradient_checkpointing:  # frozen embeddings: let checkpointed blocks still see a grad input
-                model.enable_input_require_grads()
-            model = get_peft_model(model, peft_config)
-        if processing_class is None:  # same revision as the model (model_init_kwargs only apply to a path)
-            processing_class = AutoTokenizer.from_pretrained(
-                model.config._name_or_path,
-                revision=_model_init_kwargs(args).get("revision"),
-                trust_remote_code=args.trust_remote_code,
-            )
-        if processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
+        model, given_peft_model = load_policy(model, args, quantization_config, peft_config)
+        processing_class = load_tokenizer(model, args, processing_class)
 
         # Rewards (async functions share one event loop, owned by the trainer)
         self.reward_funcs, self.reward_func_names, self.reward_processing_classes, self.reward_weights = (
-            load_reward_funcs(reward_funcs, reward_processing_classes, args.reward_weights, _model_init_kwargs(args))
+            load_reward_funcs(reward_funcs, reward_processing_classes, args.reward_weights, model_init_kwargs(args))
         )
         self._reward_loop = RewardEventLoop() if any(map(is_async_reward_func, self.reward_funcs)) else None
         self._reward_hooks = RewardLogHooks()
-        if train_dataset is None:
-            raise ValueError("GRPOTrainer needs a `train_dataset` (with a 'prompt' column) to sample prompts from.")
+        check_prompt_datasets(train_dataset, eval_dataset)
 
-        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            columns = getattr(dataset, "column_names", None)
-            if isinstance(columns, list) and "prompt" not in columns:
-                raise ValueError(f"{name} needs a 'prompt' column; it has {columns}.")
-
-        # Reference model. Full fine-tuning: a frozen copy. PEFT: the shared base weights plus a frozen copy of the
-        # policy adapter when syncing or starting from a given (possibly trained) adapter, else the base model with
-        # adapters disabled. None when beta == 0.
+        # Reference model: a frozen copy, a frozen adapter of a PEFT policy, or (None, None) (see `make_reference`)
         self.beta = args.beta
         self.is_peft_model = hasattr(model, "peft_config")
-        self.ref_model, self.ref_adapter = None, None
-        if args.beta != 0.0 and not self.is_peft_model:
-            self.ref_model = create_reference_model(model)
-        elif args.beta != 0.0 and (args.sync_ref_model or given_peft_model):
-            add_reference_adapter(model, REFERENCE_ADAPTER)
-            self.ref_adapter = REFERENCE_ADAPTER
+        self.ref_model, self.ref_adapter = make_reference(model, args.beta, args.sync_ref_model, given_peft_model)
         self._reference_file = REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE
         for m in (model, self.ref_model):
             if m is not None and args.disable_dropout:
@@ -325,21 +209,7 @@ class GRPOTrainer(Trainer):
         # A completion ends at the tokenizer's EOS or at any EOS of the model's generation config (end-of-turn...).
         model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos_token_ids = stop_token_ids(processing_class.eos_token_id, model_eos)
-        generation_kwargs = dict(
-            max_new_tokens=args.max_completion_length,
-            do_sample=True,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            min_p=args.min_p,
-            repetition_penalty=args.repetition_penalty,
-            pad_token_id=processing_class.pad_token_id,
-            eos_token_id=self.eos_token_ids,
-            bos_token_id=processing_class.bos_token_id,
-            cache_implementation=args.cache_implementation,
-            disable_compile=True,
-        )
-        self.generation_config = GenerationConfig(**{**generation_kwargs, **(args.generation_kwargs or {})})
+        self.generation_config = grpo_generation_config(args, processing_class, self.eos_token_ids)
         self.temperature = self.generation_config.temperature  # log-probs use the sampling temperature
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._last_completions: dict[str, list] = {}
@@ -362,14 +232,9 @@ class GRPOTrainer(Trainer):
         self.model_accepts_loss_kwargs = False
         # One dataloader item = one local generation batch (see RepeatSampler).
         self._train_batch_size = args.per_device_train_batch_size * args.steps_per_generation
-        if (
-            eval_dataset is not None
-            and (args.per_device_eval_batch_size * self.accelerator.num_processes) % self.num_generations_eval
-        ):
-            raise ValueError(
-                f"The global eval batch ({args.per_device_eval_batch_size} × {self.accelerator.num_processes} "
-                f"processes) must be divisible by num_generations_eval ({self.num_generations_eval}; when unset, "
-                "num_generations): change per_device_eval_batch_size or num_generations_eval."
+        if eval_dataset is not None:
+            check_eval_batch(
+                args.per_device_eval_batch_size, self.accelerator.num_processes, self.num_generations_eval
             )
 
         if self.ref_model is not None:
@@ -379,15 +244,9 @@ class GRPOTrainer(Trainer):
                 func.eval().requires_grad_(False)
                 self.reward_funcs[i] = prepare_inference_model(func, self.accelerator)
 
-        self.sync_callback: SyncRefModelCallback | None = None
+        self.sync_callback: SyncRefModelCallback | None = None  # a user-supplied one is bound, else one is added
         if args.sync_ref_model:
-            existing = [cb for cb in self.callback_handler.callbacks if isinstance(cb, SyncRefModelCallback)]
-            if existing:  # a user-supplied one is bound to our reference instead of adding a second one
-                self.sync_callback = existing[0]
-                self.sync_callback.ref_model, self.sync_callback.accelerator = self.ref_model, self.accelerator
-            else:
-                self.sync_callback = SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator)
-                self.add_callback(self.sync_callback)
+            self.sync_callback = SyncRefModelCallback.attach(self.callback_handler, self.ref_model, self.accelerator)
         self.reward_model_refresh = RewardModelRefresh.for_trainer(self, reward_model_label_func)  # None: frozen
         if self.reward_model_refresh is not None:  # registered before the sync: update, then reset the reference
             RewardModelRefreshCallback(self.reward_model_refresh).register(self.callback_handler)
@@ -401,14 +260,7 @@ class GRPOTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset=None) -> Sampler:
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        return RepeatSampler(
-            dataset,
-            mini_repeat_count=self.num_generations,
-            batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation,
-            shuffle=self.args.shuffle_dataset,
-            seed=self.args.seed,
-        )
+        return RepeatSampler.for_training(dataset, self.args)
 
     def _get_eval_sampler(self, eval_dataset) -> Sampler:  # seeded shuffle: TRL's eval prompt order
         return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, seed=self.args.seed)
@@ -426,8 +278,7 @@ class GRPOTrainer(Trainer):
                 self.accelerator.num_processes,
                 self.accelerator.device,
             )
-            saved = load_generation_buffer(checkpoint, rank, device, world)
-            self._step, self._buffered_inputs = saved or (None, None)
+            self._step, self._buffered_inputs = load_generation_buffer(checkpoint, rank, device, world) or (None, None)
             if self.reward_model_refresh is not None:
                 self.reward_model_refresh.load(checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
@@ -461,12 +312,20 @@ class GRPOTrainer(Trainer):
         if state is not None:
             self.sync_callback.load_state_dict(state)
 
+    # ---- one step: prompts → completions → rewards → advantages → log-probs → loss ----
+
+    def _micro_steps_done(self) -> int:
+        """Micro-batches trained after `state.global_step` optimizer steps (see `grpo_inputs.micro_steps_done`)."""
+        dataloader = self.callback_handler.train_dataloader
+        batches = len(dataloader) if dataloader is not None and has_length(dataloader) else None
+        return micro_steps_done(self.state.global_step, self.args.gradient_accumulation_steps, batches)
+
     def _prepare_inputs(self, generation_batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Return the micro-batch to train on: generate for a new generation batch, else slice the buffered one."""
         if not self.model.training:
             return self._generate_and_score_completions(generation_batch)
         if self._step is None:  # fresh start or resume: micro-steps already done
-            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+            self._step = self._micro_steps_done()
         steps_per_generation = self.args.steps_per_generation
         if self._step % (steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
             batch = self._generate_and_score_completions(generation_batch)
@@ -476,27 +335,134 @@ class GRPOTrainer(Trainer):
         self._step += 1
         return inputs
 
-    # ---- generation and scoring ----
+    def _sampling_rng(self, mode: str):
+        """Seed this generation batch's sampling from where training is (see `grpo_inputs.sampling_rng`): the
+        micro-step in training, (optimizer step, batch index within the evaluation) in evaluation."""
+        if mode == "train":
+            position = [self._step if self._step is not None else self._micro_steps_done()]
+        else:
+            position, self._eval_batches = [self.state.global_step, self._eval_batches], self._eval_batches + 1
+        process, device = self.accelerator.process_index, self.accelerator.device
+        return sampling_rng(self.args.seed, mode == "eval", position, process, device)
 
-    def _get_per_token_logps(
-        self,
-        model: nn.Module,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        logits_to_keep: int,
-        batch_size: int | None = None,
-    ) -> torch.Tensor:
-        """Log-probs of the last `logits_to_keep` tokens of `input_ids` under `model`, at `temperature` (see
-        `grpo_scoring.score_completions`).
+    def evaluate(self, *args, **kwargs):
+        self._eval_batches = 0  # eval sampling is seeded by (optimizer step, batch index): resume-proof
+        return super().evaluate(*args, **kwargs)
 
-        Args:
-            input_ids, attention_mask: `(N, P + L)` prompt + completion.
-            logits_to_keep: L.
-            batch_size: rows per forward pass (all at once when `None`).
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Generate G completions per prompt, score them and compute everything the loss needs.
 
-        Returns:
-            `(N, L)` float32 tensor.
+        Returns a dict of `prompt_ids`/`prompt_mask` `(N, P)`, `completion_ids`/`completion_mask` `(N, L)`,
+        `advantages` `(N,)`, optionally `old_per_token_logps`/`ref_per_token_logps` `(N, L)`, and
+        `num_items_in_batch` (scalar, the DAPO normaliser).
         """
+        args, device = self.args, self.accelerator.device
+        mode = "train" if self.model.training else "eval"
+        tokenizer, multiple = self.processing_class, args.pad_to_multiple_of
+        pad_id = tokenizer.pad_token_id
+        # prompts → left-padded token ids
+        prompts = [example["prompt"] for example in inputs]
+        prompt_ids, prompt_mask, truncated = tokenize_prompts(
+            tokenizer, prompts, self.max_prompt_length, args.chat_template_kwargs
+        )
+        prompt_ids = pad_to_multiple(prompt_ids.to(device), multiple, pad_id, side="left")
+        prompt_mask = pad_to_multiple(prompt_mask.to(device), multiple, 0, side="left")
+
+        # → completions: ids, their tokens up to the first stop token, the loss mask, texts
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
+        ) as policy:
+            with torch.no_grad(), self._sampling_rng(mode):
+                completion_ids = sample_completions(
+                    policy, prompt_ids, prompt_mask, self.generation_config, args.generation_implementation
+                )
+        conversational, mask_truncated = is_conversational(inputs[0]), args.mask_truncated_completions
+        sampled = decode_completions(completion_ids, tokenizer, self.eos_token_ids, mask_truncated, conversational)
+        completions, full_mask = sampled.completions, sampled.full_mask
+        completion_ids = pad_to_multiple(completion_ids, multiple, pad_id)
+        mask = pad_to_multiple(sampled.mask, multiple, 0)
+        if self.reward_model_refresh is not None and mode == "train":  # labelled examples for the next update
+            self.reward_model_refresh.collect(inputs, prompts, completions, sampled.ids, self.state)
+
+        # → rewards and advantages over the global batch (a group may straddle processes), then this process's slice
+        rewards_per_func = gather(self._calculate_rewards(inputs, prompts, completions, sampled.ids))
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        weights, aggregation = self.reward_weights.to(device), args.multi_objective_aggregation
+        scored = aggregate_rewards(rewards_per_func, weights, group_size, args.scale_rewards, aggregation)
+        n_local, rank = len(prompts), self.accelerator.process_index
+        output = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": mask,
+            "advantages": scored.advantages[rank * n_local : (rank + 1) * n_local],
+        }
+
+        # → old-policy (when the batch spans optimizer steps) and reference log-probs
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, mask], dim=1)
+        batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+        stale = args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) != 0
+        with torch.no_grad():
+            if stale and mode == "train":
+                output["old_per_token_logps"] = self._get_per_token_logps(
+                    self.model, input_ids, attention_mask, mask.size(1), batch_size
+                )
+            if self.beta != 0.0:
+                output["ref_per_token_logps"] = self._ref_per_token_logps(
+                    input_ids, attention_mask, mask.size(1), batch_size
+                )
+        total_tokens = gather(mask.sum()).sum().float()
+        micro_batches = args.steps_per_generation if mode == "train" else 1
+        output["num_items_in_batch"] = total_tokens / (self.accelerator.num_processes * micro_batches)
+
+        # Metrics and the completions table, over all processes
+        metrics = self._metrics[mode]
+        if mode == "train":  # cumulative prompt + completion tokens, saved with the trainer state
+            self.state.num_input_tokens_seen += gather(prompt_mask.sum() + full_mask.sum()).sum().item()
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        extra_columns, hook_metrics = self._reward_hooks.pop(
+            n_local, gather_object, lambda t: gather(t.to(device)).cpu()
+        )
+        batch = generation_batch_metrics(
+            gather(full_mask.sum(1)),
+            gather(sampled.terminated),
+            rewards_per_func,
+            self.reward_func_names,
+            scored.rewards,
+            scored.frac_reward_zero_std,
+            gather(truncated.to(device)) if self.max_prompt_length is not None else None,
+            hook_metrics,
+        )
+        for key, value in batch.items():
+            metrics[key].append(value)
+        if args.log_completions and mode == "train":  # printed at training logs: never an eval batch
+            table = {"prompt": gather_object(prompts), "completion": gather_object(sampled.texts)}
+            table.update(reward=scored.rewards.tolist(), **extra_columns, advantage=scored.advantages.tolist())
+            table = completions_table(table, args.log_unique_prompts)
+            self._last_completions = table if self.accelerator.is_main_process else {}
+        return output
+
+    def _calculate_rewards(
+        self, inputs: list[dict], prompts: list, completions: list, completion_ids: list
+    ) -> torch.Tensor:
+        """`(N, F)` float32 rewards of this process's completions, NaN where a function returned `None`."""
+        return call_reward_funcs(
+            self.reward_funcs,
+            self.reward_func_names,
+            self.reward_processing_classes,
+            prompts,
+            completions,
+            completion_ids,
+            {**reward_columns(inputs), "trainer_state": self.state, **self._reward_hooks.kwargs()},
+            self.args.chat_template_kwargs,
+            self.accelerator.device,
+            self._reward_loop,
+        )
+
+    def _get_per_token_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None) -> torch.Tensor:
+        """`(N, L)` float32 log-probs of the last `logits_to_keep` (L) tokens of the `(N, P + L)` `input_ids` under
+        `model` at the sampling temperature, `batch_size` rows per forward (see `grpo_scoring.score_completions`)."""
         share = self.args.shared_prefix_scoring
         return score_completions(
             model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size, share_prefix=share
@@ -510,158 +476,6 @@ class GRPOTrainer(Trainer):
         with context:
             return self._get_per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, batch_size)
 
-    @contextmanager
-    def _sampling_rng(self, mode: str):
-        """Seed sampling from (seed, mode, position, process) and leave the global RNG stream untouched.
-
-        The position is the micro-step for training, and (optimizer step, batch index within the evaluation) for
-        evaluation. Completions then depend on where training is, not on what consumed random numbers before, so a run
-        resumed from a checkpoint samples (and evaluates) exactly what the uninterrupted run did, and no two
-        generation batches share draws.
-        """
-        if mode == "train":
-            micro_step = (
-                self._step
-                if self._step is not None
-                else self.state.global_step * self.args.gradient_accumulation_steps
-            )
-            position = [micro_step]
-        else:
-            position, self._eval_batches = [self.state.global_step, self._eval_batches], self._eval_batches + 1
-        seed = derived_seed(self.args.seed, int(mode == "eval"), *position, self.accelerator.process_index)
-        device = self.accelerator.device
-        devices = [device] if device.type != "cpu" else []
-        with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
-            torch.manual_seed(seed)
-            yield
-
-    def evaluate(self, *args, **kwargs):
-        self._eval_batches = 0  # eval sampling is seeded by (optimizer step, batch index): resume-proof
-        return super().evaluate(*args, **kwargs)
-
-    def _calculate_rewards(
-        self, inputs: list[dict], prompts: list, completions: list, completion_ids: list
-    ) -> torch.Tensor:
-        """`(N, F)` float32 rewards of this process's completions, NaN where a function returned `None`."""
-        columns = {k: [x[k] for x in inputs] for k in inputs[0] if k not in ("prompt", "completion", "completion_ids")}
-        return call_reward_funcs(
-            self.reward_funcs,
-            self.reward_func_names,
-            self.reward_processing_classes,
-            prompts,
-            completions,
-            completion_ids,
-            {**columns, "trainer_state": self.state, **self._reward_hooks.kwargs()},
-            self.args.chat_template_kwargs,
-            self.accelerator.device,
-            self._reward_loop,
-        )
-
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        """Generate G completions per prompt, score them and compute everything the loss needs.
-
-        Returns a dict of `prompt_ids`/`prompt_mask` `(N, P)`, `completion_ids`/`completion_mask` `(N, L)`,
-        `advantages` `(N,)`, optionally `old_per_token_logps`/`ref_per_token_logps` `(N, L)`, and
-        `num_items_in_batch` (scalar, the DAPO normaliser).
-        """
-        args, device = self.args, self.accelerator.device
-        mode = "train" if self.model.training else "eval"
-        tokenizer = self.processing_class
-        prompts = [example["prompt"] for example in inputs]
-        conversational = is_conversational(inputs[0])
-        prompt_ids, prompt_mask, truncated = tokenize_prompts(
-            tokenizer, prompts, self.max_prompt_length, args.chat_template_kwargs
-        )
-        multiple, pad_id = args.pad_to_multiple_of, tokenizer.pad_token_id
-        prompt_ids = pad_to_multiple(prompt_ids.to(device), multiple, pad_id, side="left")
-        prompt_mask = pad_to_multiple(prompt_mask.to(device), multiple, 0, side="left")
-
-        with unwrap_model_for_generation(
-            self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
-        ) as policy:
-            with torch.no_grad(), self._sampling_rng(mode):
-                completion_ids = sample_completions(
-                    policy, prompt_ids, prompt_mask, self.generation_config, args.generation_implementation
-                )
-        full_mask = completion_mask(completion_ids, self.eos_token_ids)  # the tokens of each completion
-        terminated = ends_with_stop(completion_ids, full_mask, [*self.eos_token_ids, tokenizer.pad_token_id])
-        mask = (
-            full_mask * terminated.unsqueeze(1).long() if args.mask_truncated_completions else full_mask
-        )  # loss mask
-        completion_ids_list = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, full_mask)]
-        completions_text = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        completions = (
-            [[{"role": "assistant", "content": text}] for text in completions_text]
-            if conversational
-            else completions_text
-        )
-        completion_ids, mask = pad_to_multiple(completion_ids, multiple, pad_id), pad_to_multiple(mask, multiple, 0)
-        if self.reward_model_refresh is not None and mode == "train":  # labelled examples for the next update
-            self.reward_model_refresh.collect(inputs, prompts, completions, completion_ids_list, self.state)
-
-        # Rewards and advantages over the global batch (a group may straddle processes), then this process's slice.
-        rewards_per_func = gather(self._calculate_rewards(inputs, prompts, completions, completion_ids_list))
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        weights, aggregation = self.reward_weights.to(device), args.multi_objective_aggregation
-        advantages, rewards, valid = aggregate_rewards(
-            rewards_per_func, weights, group_size, args.scale_rewards, aggregation
-        )
-        n_local = len(prompts)
-        process_slice = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
-
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, mask], dim=1)
-        logits_to_keep = completion_ids.size(1)
-        batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
-        # The data is stale (needs the sampling policy's log-probs) when its generation batch spans optimizer steps.
-        stale = args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) != 0
-        output = {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": prompt_mask,
-            "completion_ids": completion_ids,
-            "completion_mask": mask,
-            "advantages": advantages[process_slice],
-        }
-        with torch.no_grad():
-            if stale and mode == "train":
-                output["old_per_token_logps"] = self._get_per_token_logps(
-                    self.model, input_ids, attention_mask, logits_to_keep, batch_size
-                )
-            if self.beta != 0.0:
-                output["ref_per_token_logps"] = self._ref_per_token_logps(
-                    input_ids, attention_mask, logits_to_keep, batch_size
-                )
-        total_tokens = gather(mask.sum()).sum().float()
-        micro_batches = args.steps_per_generation if mode == "train" else 1
-        output["num_items_in_batch"] = total_tokens / (self.accelerator.num_processes * micro_batches)
-
-        # Metrics
-        metrics = self._metrics[mode]
-        if mode == "train":  # cumulative prompt + completion tokens, saved with the trainer state
-            self.state.num_input_tokens_seen += gather(prompt_mask.sum() + full_mask.sum()).sum().item()
-        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
-        if self.max_prompt_length is not None:
-            metrics["prompts/truncated_ratio"].append(gather(truncated.to(device)).float().mean().item())
-        for key, value in completion_length_metrics(gather(full_mask.sum(1)), gather(terminated)).items():
-            metrics[key].append(value)
-        extra_columns, hook_metrics = self._reward_hooks.pop(
-            len(prompts), gather_object, lambda t: gather(t.to(device)).cpu()
-        )
-        for key, value in reward_metrics(rewards_per_func, self.reward_func_names, rewards).items():
-            metrics[key].append(value)
-        for key, value in hook_metrics.items():
-            metrics[key].append(value)
-        scored = torch.where(valid, rewards, torch.full_like(rewards, float("nan")))
-        metrics["reward_std"].append(reward_std(scored))
-        zero_std = zero_std_fraction(rewards_per_func, weights, group_size, args.scale_rewards, aggregation)
-        metrics["frac_reward_zero_std"].append(zero_std)
-        if args.log_completions and mode == "train":  # printed at training logs: never an eval batch
-            prompts_all, completions_all = gather_object(prompts), gather_object(completions_text)
-            table = {"prompt": prompts_all, "completion": completions_all, "reward": rewards.tolist(), **extra_columns}
-            table = completions_table({**table, "advantage": advantages.tolist()}, args.log_unique_prompts)
-            self._last_completions = table if self.accelerator.is_main_process else {}
-        return output
-
     # ---- loss ----
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -672,11 +486,11 @@ class GRPOTrainer(Trainer):
         """
         if return_outputs:
             raise ValueError("GRPOTrainer.compute_loss does not return outputs.")
-        mode = "train" if self.model.training else "eval"
+        args, mode = self.args, "train" if self.model.training else "eval"
+        metrics = self._metrics[mode]
         completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
-        bonus = self.entropy_control.enabled  # the entropies need a gradient only for the entropy bonus
         per_token_logps, entropies, aux_loss = score_completions(
             model,
             input_ids,
@@ -685,13 +499,12 @@ class GRPOTrainer(Trainer):
             self.temperature,
             compute_entropy=True,
             compute_aux_loss=self.aux_loss_enabled,
-            entropy_grad=bonus,
-            share_prefix=self.args.shared_prefix_scoring,
+            entropy_grad=self.entropy_control.enabled,  # the entropies need a gradient only for the entropy bonus
+            share_prefix=args.shared_prefix_scoring,
         )
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
-        args, metrics = self.args, self._metrics[mode]
         entropy_mask = None  # the top-ρ entropy quantile over all processes' valid tokens
         if args.top_entropy_quantile < 1.0:
             gather_all = partial(gather_valid_entropies, self.accelerator)
@@ -708,17 +521,17 @@ class GRPOTrainer(Trainer):
         loss = aggregate_loss(
             per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"]
         )
-        if self.entropy_control.enabled:  # entropy bonus: the mean entropy of the tokens the policy loss acts on
-            # As TRL logs it: the token-sum types' value is this micro-batch's share of the step (÷ accumulation)
-            token_sum = mode == "train" and self.loss_type in ("dapo", "cispo", "vespo")
-            share = self.current_gradient_accumulation_steps if token_sum else 1
-            metrics["policy_loss"].append(gather(loss.detach() / share).nanmean().item())
+        if self.entropy_control.enabled:  # entropy bonus over the tokens the policy loss acts on
+            # the current accumulation window's size (set by Trainer's loop; the configured one outside it)
+            training = mode == "train"
+            steps = getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
+            metrics["policy_loss"].append(policy_loss_metric(loss, self.loss_type, training, steps, gather))
             bonus_mask, end_of_step = mask if entropy_mask is None else entropy_mask, self.accelerator.sync_gradients
-            loss = loss - self.entropy_control.applied() * masked_mean(entropies, bonus_mask)
-            if mode == "train":
-                self.entropy_control.observe(entropies, bonus_mask, end_of_step, self.accelerator.reduce)
-            if end_of_step and mode == "train":  # the coefficient of optimizer steps: never an eval metric
-                metrics["entropy_coef"].append(self.entropy_control.coef)
+            loss, coef = self.entropy_control.add_bonus(
+                loss, entropies, bonus_mask, training, end_of_step, self.accelerator.reduce
+            )
+            if coef is not None:  # the coefficient of optimizer steps: never an eval metric
+                metrics["entropy_coef"].append(coef)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss
             metrics["aux_loss"].append(gather(aux_loss.detach()).mean().item())
@@ -731,7 +544,7 @@ class GRPOTrainer(Trainer):
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._step_time += time.perf_counter() - start
-        if self._step % self.args.gradient_accumulation_steps == 0:  # `step_time`: seconds per optimizer step
+        if self.accelerator.sync_gradients:  # the window's last micro-batch: `step_time` is per optimizer step
             self._metrics["train"]["step_time"].append(self._step_time)
             self._step_time = 0.0
         return loss
@@ -754,22 +567,6 @@ class GRPOTrainer(Trainer):
             metrics["ref_model/steps_since_sync"] = self.state.global_step - self.sync_callback.last_sync_step
         super().log({**logs, **metrics}, start_time)
         self._metrics[mode].clear()
-        if (
-            mode == "train"
-            and self.args.log_completions
-            and self._last_completions
-            and self.accelerator.is_main_process
-        ):
-            self._print_completions()
-
-    def _print_completions(self) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"Completions at step {self.state.global_step}", show_lines=True)
-        for column in self._last_completions:
-            table.add_column(column)
-        rows = list(zip(*self._last_completions.values()))
-        for row in rows[: self.args.num_completions_to_print or len(rows)]:
-            table.add_row(*(f"{value:.3f}" if isinstance(value, float) else str(value) for value in row))
-        Console().print(table)
+        printable = self.args.log_completions and self._last_completions and self.accelerator.is_main_process
+        if mode == "train" and printable:
+            print_completions_table(self._last_completions, self.state.global_step, self.args.num_completions_to_print)

@@ -14,7 +14,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .ref_sync import PLAIN, tensor_layout
+from .layouts import PLAIN, parameter_layouts
 
 
 def unique_prompt_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,7 +156,7 @@ def scoring_sharing_blocker(model: nn.Module) -> str | None:
       checkpointing (the reentrant kind does not send gradients to tensors it is not passed, such as the cached
       prompt keys), and needs a transformers version with that flag.
     """
-    if any(tensor_layout(p) != PLAIN for p in model.parameters()):
+    if parameter_layouts(model) != {PLAIN}:
         return "ZeRO-3/FSDP2 parameters"
     if not torch.is_grad_enabled():
         return None

@@ -1,5 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""How one reference model is moved towards one policy: π_ref ← α·π_θ + (1 − α)·π_ref (the only place that knows).
+"""How one reference model is moved towards one policy: π_ref ← α·π_θ + (1 − α)·π_ref (the only place that knows),
+and what a policy's reference is (a frozen copy, or a frozen adapter of a PEFT policy).
 
 Iterative GRPO (DeepSeekMath, arXiv 2402.03300, Algorithm 1) resets the reference to the policy (α = 1); TR-DPO
 (arXiv 2404.09656) mixes it softly (0 < α < 1). *When* to sync is decided by `SyncRefModelCallback`.
@@ -8,19 +9,16 @@ Iterative GRPO (DeepSeekMath, arXiv 2402.03300, Algorithm 1) resets the referenc
 import copy
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from ..models.utils import adapter_parameters, create_reference_model
+from .layouts import full_shape, gathered_tensor, local_part, partitioning
+
 
 REFERENCE_ADAPTER = "ref"  # name of the frozen reference adapter of a PEFT policy
-
-# Layouts of one tensor. "plain": the full tensor lives on this rank (single device, DDP, ZeRO-1/2).
-# "zero3": a DeepSpeed ZeRO-3 parameter; this rank owns the flat 1-D partition `param.ds_tensor`.
-# "dtensor": an FSDP2 (or other DTensor) shard; this rank owns `param.to_local()`.
-PLAIN, ZERO3, DTENSOR = "plain", "zero3", "dtensor"
 
 
 def named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -29,77 +27,6 @@ def named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     for name, buffer in model.named_buffers():
         if buffer.is_floating_point():
             yield name, buffer
-
-
-def tensor_layout(tensor: torch.Tensor) -> str:
-    """`"zero3"`, `"dtensor"` or `"plain"`: how `tensor` is spread over the ranks."""
-    if hasattr(tensor, "ds_id"):
-        return ZERO3
-    if torch.distributed.is_available():
-        from torch.distributed.tensor import DTensor
-
-        if isinstance(tensor, DTensor):
-            return DTENSOR
-    return PLAIN
-
-
-def _full_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    return tuple(tensor.ds_shape) if hasattr(tensor, "ds_id") else tuple(tensor.shape)  # DTensor.shape is global
-
-
-def _local_part(tensor: torch.Tensor) -> torch.Tensor:
-    """The piece of `tensor` this rank stores, as a plain tensor sharing its storage (mixed in place)."""
-    layout = tensor_layout(tensor)
-    if layout == ZERO3:
-        return tensor.ds_tensor.detach()
-    if layout == DTENSOR:
-        return tensor.detach().to_local()
-    return tensor.detach()
-
-
-def _partitioning(tensor: torch.Tensor) -> tuple:
-    """What must agree between a policy tensor and its reference for their local parts to be mixed directly."""
-    layout = tensor_layout(tensor)
-    if layout == ZERO3:
-        group = getattr(tensor, "ds_process_group", None)
-        dist = torch.distributed
-        return (layout, tensor.ds_tensor.numel(), dist.get_rank(group), dist.get_world_size(group))
-    if layout == DTENSOR:
-        mesh = tensor.device_mesh
-        return (
-            layout,
-            tuple(tensor.to_local().shape),
-            tuple(tensor.placements),
-            mesh.device_type,
-            tuple(mesh.mesh.flatten().tolist()),
-        )
-    return (layout, tuple(tensor.shape))
-
-
-@contextmanager
-def gathered_tensor(tensor: torch.Tensor, modify: bool) -> Iterator[torch.Tensor]:
-    """Yield the full value of one tensor on every rank; with `modify`, write it back to its shards on exit.
-
-    Every rank must call it for the same tensor (collectives under ZeRO-3 and FSDP2). Used by the sync's fallback
-    path and to save/restore a sharded reference in checkpoints: one parameter at a time, so memory stays bounded.
-    """
-    layout = tensor_layout(tensor)
-    if layout == ZERO3:
-        import deepspeed
-
-        # modifier_rank=0: on exit DeepSpeed re-partitions rank 0's value; every rank computed the same one.
-        with deepspeed.zero.GatheredParameters([tensor], modifier_rank=0 if modify else None):
-            yield tensor.data
-    elif layout == DTENSOR:
-        from torch.distributed.tensor import distribute_tensor
-
-        full = tensor.detach().full_tensor()
-        yield full
-        if modify:  # every rank holds the same `full`: cut out our shard locally (src_data_rank=None: no scatter)
-            shard = distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None).to_local()
-            tensor.detach().to_local().copy_(shard)
-    else:
-        yield tensor.detach()
 
 
 @dataclass
@@ -126,7 +53,7 @@ class ReferenceSync:
 
     def local_parts(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """`(policy_parts, reference_parts)`: aligned local parts of the directly mixed pairs."""
-        return [_local_part(p) for _, p, _ in self.local], [_local_part(r) for _, _, r in self.local]
+        return [local_part(p) for _, p, _ in self.local], [local_part(r) for _, _, r in self.local]
 
     @torch.no_grad()
     def __call__(self, alpha: float) -> None:
@@ -204,22 +131,29 @@ def pair_for_sync(policy: nn.Module, reference: nn.Module | None) -> ReferenceSy
     plan = ReferenceSync(reference=reference)
     for name, tensor in ref_items:
         source = policy_tensors[name]
-        if _full_shape(source) != _full_shape(tensor):
+        if full_shape(source) != full_shape(tensor):
             raise ValueError(
-                f"Tensor {name!r} has shape {_full_shape(tensor)} in the reference but {_full_shape(source)} in the policy."
+                f"Tensor {name!r} has shape {full_shape(tensor)} in the reference but {full_shape(source)} in the policy."
             )
-        same = _partitioning(source) == _partitioning(tensor)
+        same = partitioning(source) == partitioning(tensor)
         (plan.local if same else plan.fallback).append((name, source, tensor))
     if plan.fallback:
         name, source, tensor = plan.fallback[0]
         warnings.warn(
             f"The policy and the reference are not partitioned the same way for {len(plan.fallback)} tensors (e.g. "
-            f"{name!r}: {_partitioning(source)} vs {_partitioning(tensor)}); those are synced by gathering one "
+            f"{name!r}: {partitioning(source)} vs {partitioning(tensor)}); those are synced by gathering one "
             "parameter at a time, which communicates. Prepare the reference like the policy (same ZeRO-3 or FSDP2 "
             "settings) for a communication-free sync.",
             stacklevel=2,
         )
     return plan
+
+
+def _masked(name: str, adapter: str) -> str:
+    """`name` with its `adapter` component replaced by `<adapter>`, so two adapters' tensors match by name."""
+    parts = name.split(".")
+    parts[parts.index(adapter)] = "<adapter>"
+    return ".".join(parts)
 
 
 def _adapter_pairs(
@@ -235,20 +169,14 @@ def _adapter_pairs(
         ValueError: if the two adapters do not have the same tensors.
     """
 
-    def adapter_tensors(adapter: str) -> dict[str, torch.Tensor]:
-        found = {}
-        for name, parameter in model.named_parameters():
-            parts = name.split(".")
-            if adapter in parts:
-                parts[parts.index(adapter)] = "<adapter>"
-                found[".".join(parts)] = parameter  # not detached: ZeRO-3 attributes must survive
-        return found
+    def adapter_tensors(adapter: str) -> dict[str, torch.Tensor]:  # names with the adapter component masked
+        return {_masked(name, adapter): p for name, p in adapter_parameters(model, adapter).items()}
 
     policy, reference = adapter_tensors(policy_adapter), adapter_tensors(reference_adapter)
     if (
         not reference
         or set(policy) != set(reference)
-        or any(_full_shape(policy[k]) != _full_shape(reference[k]) for k in reference)
+        or any(full_shape(policy[k]) != full_shape(reference[k]) for k in reference)
     ):
         raise ValueError(
             f"Adapter {reference_adapter!r} does not mirror adapter {policy_adapter!r} "
@@ -333,6 +261,26 @@ def add_reference_adapter(model: nn.Module, name: str = REFERENCE_ADAPTER) -> No
     active = model.active_adapter
     model.add_adapter(name, copy.deepcopy(model.peft_config[active]))
     ReferenceSync(local=_adapter_pairs(model, active, name))(1.0)
-    for param_name, parameter in model.named_parameters():
-        if name in param_name.split("."):
-            parameter.requires_grad_(False)
+    for parameter in adapter_parameters(model, name).values():
+        parameter.requires_grad_(False)
+
+
+def make_reference(
+    policy: nn.Module, beta: float, sync_ref_model: bool, given_peft_model: bool
+) -> tuple[nn.Module | None, str | None]:
+    """The reference of `policy`, as `(ref_model, ref_adapter)`.
+
+    - `beta == 0`: none, `(None, None)`.
+    - Full fine-tuning: a frozen copy, `(create_reference_model(policy), None)`.
+    - PEFT, syncing or starting from a given (possibly trained) adapter: the shared base weights plus a frozen copy
+      of the policy's adapter, `(None, REFERENCE_ADAPTER)` (see `add_reference_adapter`).
+    - PEFT otherwise: the base model with adapters disabled, `(None, None)`.
+    """
+    if beta == 0.0:
+        return None, None
+    if not hasattr(policy, "peft_config"):
+        return create_reference_model(policy), None
+    if sync_ref_model or given_peft_model:
+        add_reference_adapter(policy, REFERENCE_ADAPTER)
+        return None, REFERENCE_ADAPTER
+    return None, None

@@ -12,12 +12,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate.utils import DistributedType, gather_object
 from torch import nn
 
+from .grpo_inputs import derived_seed, reward_columns
 from .grpo_rewards import reward_model_inputs
 
 
@@ -246,7 +246,7 @@ class RewardModelRefresh:
     def collect(self, inputs: list[dict], prompts: list, completions: list, completion_ids: list, trainer_state):
         """Label this process's completions with `label_func`, gather all processes' rows (global batch order) and
         keep the labelled ones as pending units, grouped `num_generations` rows per prompt."""
-        columns = {k: [x[k] for x in inputs] for k in inputs[0] if k not in ("prompt", "completion", "completion_ids")}
+        columns = reward_columns(inputs)
         labels = self.label_func(
             prompts=prompts,
             completions=completions,
@@ -290,9 +290,8 @@ class RewardModelRefresh:
     # ---- the update ----
 
     def _generator(self) -> torch.Generator:
-        entropy = [self.args.seed, 0x524D, self.num_updates]  # 0x524D: "RM", apart from other seeded streams
-        seed = int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
-        return torch.Generator().manual_seed(seed)
+        # 0x524D: "RM", apart from the other seeded streams
+        return torch.Generator().manual_seed(derived_seed(self.args.seed, 0x524D, self.num_updates))
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
         if self.args.reward_model_loss_type == PAIRWISE:
