@@ -146,5 +146,11 @@ def test_contributing_maps_every_trainer_module():
     assert len(listed) == len(set(listed))
     for position, module in enumerate(listed):  # listed bottom-up: a module imports only modules above it
         source = _read(os.path.join(ROOT, "trl", "trainer", module))
-        imported = {f"{name}.py" for name in re.findall(r"^from \.(\w+) import", source, re.MULTILINE)}
+        names = re.findall(r"^\s*from \.(\w+) import", source, re.MULTILINE)
+        names += [
+            n.strip()
+            for group in re.findall(r"^\s*from \. import ([\w, ]+)", source, re.MULTILINE)
+            for n in group.split(",")
+        ]
+        imported = {f"{name}.py" for name in names}
         assert imported <= set(listed[:position]), (module, sorted(imported - set(listed[:position])))

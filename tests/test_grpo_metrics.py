@@ -149,11 +149,11 @@ def test_generation_batch_metrics_holds_every_batch_metric_with_its_value():
     per_func = torch.tensor([[1.0, NAN], [3.0, NAN], [2.0, 4.0], [0.0, 0.0]])
     scored = aggregate_rewards(per_func, torch.tensor([1.0, 0.5]), 2)
     lengths, terminated = torch.tensor([2, 4, 3, 1]), torch.tensor([True, False, True, True])
-    metrics = generation_batch_metrics(
+    pairs = generation_batch_metrics(
         lengths, terminated, per_func, ["a", "b"], scored.rewards, scored.frac_reward_zero_std,
-        truncated=torch.tensor([True, False]), hook_metrics={"my/metric": 0.25},
+        truncated=torch.tensor([True, True, False, False]), hook_metrics={"my/metric": 0.25},
     )  # fmt: skip
-    assert list(metrics) == [
+    assert [name for name, _ in pairs] == [
         "prompts/truncated_ratio",
         *completion_length_metrics(lengths, terminated),
         "rewards/a/mean",
@@ -165,12 +165,18 @@ def test_generation_batch_metrics_holds_every_batch_metric_with_its_value():
         "reward_std",
         "frac_reward_zero_std",
     ]
+    metrics = dict(pairs)
     assert metrics["prompts/truncated_ratio"] == 0.5 and metrics["completions/mean_length"] == 2.5
     assert metrics["reward"] == pytest.approx((1 + 3 + 4 + 0) / 4) and metrics["my/metric"] == 0.25
     assert metrics["reward_std"] == pytest.approx(torch.tensor([1.0, 3.0, 4.0, 0.0]).std().item())
     assert metrics["frac_reward_zero_std"] == 0.0  # groups (1, 3) and (4, 0) both vary
     no_cut = generation_batch_metrics(lengths, terminated, per_func, ["a", "b"], scored.rewards, 0.0)
-    assert "prompts/truncated_ratio" not in no_cut
+    assert "prompts/truncated_ratio" not in dict(no_cut)
+    # A reward function's `log_metric("reward", ...)` adds a value next to the built-in one (both are averaged).
+    clash = generation_batch_metrics(
+        lengths, terminated, per_func, ["a", "b"], scored.rewards, 0.0, None, {"reward": 9.0}
+    )
+    assert [value for name, value in clash if name == "reward"] == [pytest.approx(2.0), 9.0]
 
 
 def test_policy_loss_metric_is_the_step_share_for_token_sum_losses_in_training():

@@ -64,6 +64,25 @@ def test_async_partial_and_class_rewards_with_logging_hooks(tiny_lm_path, arithm
     assert loops == [trainer._reward_loop.loop]  # the trainer's own loop
 
 
+def test_logged_names_that_clash_with_built_in_ones_merge_as_in_trl(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """`log_extra("reward", ...)` replaces the table's reward column (`advantage` stays last); `log_metric("reward",
+    ...)` is averaged with the built-in `reward` of the batch."""
+
+    def clashing(completions, log_extra, log_metric, **kwargs):
+        log_extra("reward", [-7.0] * len(completions))
+        log_extra("advantage", [-8.0] * len(completions))
+        log_metric("reward", 100.0)
+        return [1.0] * len(completions)
+
+    args = GRPOConfig(**grpo_kwargs, log_completions=True)
+    trainer = GRPOTrainer(tiny_lm_path, clashing, args=args, train_dataset=arithmetic_dataset)
+    trainer.train()
+    table = trainer._last_completions
+    assert list(table) == ["prompt", "completion", "reward", "advantage"]
+    assert table["reward"] == [-7.0] * 8 and table["advantage"] == [0.0] * 8  # the group's advantages, not -8
+    assert last_log_with(trainer, "reward")["reward"] == pytest.approx((1.0 + 100.0) / 2)
+
+
 @pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
 def test_aggregation_weights_and_none(tiny_lm_path, arithmetic_dataset, grpo_kwargs, aggregation):
     returned = {}

@@ -227,8 +227,9 @@ def test_lora_gradients_match(model):
 
 
 def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_dataset, grpo_kwargs, monkeypatch):
-    """Two optimizer steps with TRL's default gradient checkpointing: the same loss and gradient norm at each step
-    (Adam's first step is lr·sign(g), so equal parameters alone would not show equal gradients), the same parameters."""
+    """Two optimizer steps with TRL's default gradient checkpointing: the same loss, entropy and gradient norm at each
+    step (Adam's first step is lr·sign(g), so equal parameters alone would not show equal gradients), the same
+    parameters."""
     from trl.trainer import grpo_scoring
 
     shared_passes = []  # (gradients on, rows) of every pass that shared its prompts
@@ -253,15 +254,18 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
         )
         trainer.train()
         params[share] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-        logged[share] = [(log["loss"], log["grad_norm"]) for log in trainer.state.log_history if "grad_norm" in log]
+        history = [log for log in trainer.state.log_history if "grad_norm" in log]
+        logged[share] = [(log["loss"], log["entropy"], log["grad_norm"]) for log in history]
         if share:  # per step: 2 reference chunks of 4 rows (one prompt each) and micro-batches with gradients
             assert shared_passes.count((False, 4)) == 4 and (True, 4) in shared_passes, shared_passes
         else:
             assert shared_passes == []
     assert len(logged[True]) == len(logged[False]) == 2
-    for (loss, grad_norm), (plain_loss, plain_grad_norm) in zip(logged[True], logged[False]):
+    for (loss, entropy, grad_norm), (plain_loss, plain_entropy, plain_grad_norm) in zip(logged[True], logged[False]):
         assert grad_norm > 1e-3  # a real gradient, not rounding noise
+        # on-policy GRPO losses are ~0 (advantages average out): the entropy and gradient norm carry the signal
         assert loss == pytest.approx(plain_loss, rel=1e-4, abs=1e-6)
+        assert entropy == pytest.approx(plain_entropy, rel=1e-5)
         assert grad_norm == pytest.approx(plain_grad_norm, rel=1e-4)
     initial = AutoModelForCausalLM.from_pretrained(tiny_lm_path).state_dict()
     assert any(not torch.equal(p, initial[n]) for n, p in params[True].items())  # it trained

@@ -54,7 +54,8 @@ def sample_completions(
     """Sample one completion per prompt row with `model.generate(generation_config=generation_config)`.
 
     Both implementations sample in eval mode (no dropout) under `torch.inference_mode()` (`torch.no_grad()` for
-    sharded parameters); TRL 1.16 samples in the policy's train mode (docs: "Differences from TRL"). `"generate"` calls `generate` on the batch as it is.
+    sharded parameters); TRL 1.16 samples in the policy's train mode (docs: "Differences from TRL").
+    `"generate"` calls `generate` on the batch as it is.
     `"shared_prefix"` first runs the model once over the distinct prompts without their last token, copies that KV
     cache to every row that repeats the prompt, and lets `generate` continue from it: the prompt is prefilled U times
     instead of N, and everything that decides which tokens are drawn (logits processors, the random draws, EOS
@@ -137,9 +138,10 @@ def decode_completions(
     mask_truncated_completions: bool = False,
     conversational: bool = False,
 ) -> Completions:
-    """Masks, token lists and texts of `(N, L)` sampled `completion_ids`, as TRL 1.16 makes them: a completion ends at
-    its first id of `eos_token_ids`; it counts as terminated when its last token is a stop or the pad token (not cut
-    by `max_completion_length`)."""
+    """Masks, token lists and texts of `(N, L)` sampled `completion_ids`, as TRL 1.16 makes them.
+
+    A completion ends at its first id of `eos_token_ids`; it counts as terminated when its last token is a stop or
+    the pad token (not cut by `max_completion_length`). See [`Completions`] for the shapes."""
     full_mask = completion_mask(completion_ids, eos_token_ids)
     terminated = ends_with_stop(completion_ids, full_mask, [*eos_token_ids, tokenizer.pad_token_id])
     mask = full_mask * terminated.unsqueeze(1).long() if mask_truncated_completions else full_mask

@@ -54,7 +54,8 @@ def micro_steps_done(global_step: int, gradient_accumulation_steps: int, batches
     `global_step % updates_per_epoch`-th window. `batches_per_epoch=None` (an iterable dataset: no epochs) gives
     `global_step × gradient_accumulation_steps`.
 
-    Example: 3 micro-batches per epoch and 2 per window make windows of 2, 1, 2, 1: 2 optimizer steps are 3 micro-batches.
+    Example: 3 micro-batches per epoch and 2 per window make windows of 2, 1, 2, 1: 2 optimizer steps are 3
+    micro-batches.
     """
     if batches_per_epoch is None:
         return global_step * gradient_accumulation_steps
@@ -89,19 +90,6 @@ class RepeatSampler(Sampler):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-
-    @classmethod
-    def for_training(cls, dataset: Sized, args) -> "RepeatSampler":
-        """The training order of a [`GRPOConfig`]: `num_generations` rows per prompt, generation batches of
-        `generation_batch_size` rows, each read `num_iterations × steps_per_generation` times."""
-        return cls(
-            dataset,
-            mini_repeat_count=args.num_generations,
-            batch_size=args.generation_batch_size // args.num_generations,
-            repeat_count=args.num_iterations * args.steps_per_generation,
-            shuffle=args.shuffle_dataset,
-            seed=args.seed,
-        )
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -191,10 +191,13 @@ def generation_batch_metrics(
     frac_zero_std: float,
     truncated: torch.Tensor | None = None,
     hook_metrics: dict[str, float] | None = None,
-) -> dict[str, float]:
-    """Everything logged about one generation batch, over all processes: `prompts/truncated_ratio` (when prompts are
-    cut, `truncated` given), `completions/*`, `rewards/<name>/mean|std`, `reward`, the reward functions' own
-    `log_metric` values, `reward_std` and `frac_reward_zero_std`.
+) -> list[tuple[str, float]]:
+    """Everything logged about one generation batch, over all processes, in TRL's order: `prompts/truncated_ratio`
+    (when prompts are cut, `truncated` given), `completions/*`, `rewards/<name>/mean|std`, `reward`, the reward
+    functions' own `log_metric` values, `reward_std` and `frac_reward_zero_std`.
+
+    Returned as `(name, value)` pairs, not a dict: a `log_metric` name may repeat a built-in one (`reward`, say),
+    and then both values count in the logged mean, as in TRL.
 
     Args:
         completion_lengths: `(N,)` tokens per completion (stop token included).
@@ -203,16 +206,14 @@ def generation_batch_metrics(
         reward_names: F names.
         rewards: `(N,)` weighted sums, NaN where no function scored (`grpo_rewards.aggregate_rewards`).
         frac_zero_std: `frac_reward_zero_std`, from `aggregate_rewards`.
-        truncated: `(N_prompts,)` bool, the prompts `max_prompt_length` cut.
+        truncated: `(N,)` bool, the completion rows whose prompt `max_prompt_length` cut.
         hook_metrics: name → value averaged over processes (`RewardLogHooks.pop`).
     """
-    metrics = {} if truncated is None else {"prompts/truncated_ratio": truncated.float().mean().item()}
-    metrics.update(completion_length_metrics(completion_lengths, terminated))
-    metrics.update(reward_metrics(rewards_per_func, reward_names, rewards))
-    metrics.update(hook_metrics or {})
-    metrics["reward_std"] = reward_std(rewards)
-    metrics["frac_reward_zero_std"] = frac_zero_std
-    return metrics
+    pairs = [] if truncated is None else [("prompts/truncated_ratio", truncated.float().mean().item())]
+    pairs += completion_length_metrics(completion_lengths, terminated).items()
+    pairs += reward_metrics(rewards_per_func, reward_names, rewards).items()
+    pairs += (hook_metrics or {}).items()
+    return pairs + [("reward_std", reward_std(rewards)), ("frac_reward_zero_std", frac_zero_std)]
 
 
 def policy_loss_metric(

@@ -260,7 +260,14 @@ class GRPOTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset=None) -> Sampler:
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        return RepeatSampler.for_training(dataset, self.args)
+        return RepeatSampler(
+            dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.args.shuffle_dataset,
+            seed=self.args.seed,
+        )
 
     def _get_eval_sampler(self, eval_dataset) -> Sampler:  # seeded shuffle: TRL's eval prompt order
         return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, seed=self.args.seed)
@@ -273,12 +280,11 @@ class GRPOTrainer(Trainer):
         if checkpoint:
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
-            rank, world, device = (
-                self.accelerator.process_index,
-                self.accelerator.num_processes,
-                self.accelerator.device,
+            accelerator = self.accelerator
+            saved = load_generation_buffer(
+                checkpoint, accelerator.process_index, accelerator.device, accelerator.num_processes
             )
-            self._step, self._buffered_inputs = load_generation_buffer(checkpoint, rank, device, world) or (None, None)
+            self._step, self._buffered_inputs = saved or (None, None)
             if self.reward_model_refresh is not None:
                 self.reward_model_refresh.load(checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
@@ -425,20 +431,26 @@ class GRPOTrainer(Trainer):
             n_local, gather_object, lambda t: gather(t.to(device)).cpu()
         )
         batch = generation_batch_metrics(
-            gather(full_mask.sum(1)),
-            gather(sampled.terminated),
-            rewards_per_func,
-            self.reward_func_names,
-            scored.rewards,
-            scored.frac_reward_zero_std,
-            gather(truncated.to(device)) if self.max_prompt_length is not None else None,
-            hook_metrics,
+            completion_lengths=gather(full_mask.sum(1)),
+            terminated=gather(sampled.terminated),
+            rewards_per_func=rewards_per_func,
+            reward_names=self.reward_func_names,
+            rewards=scored.rewards,
+            frac_zero_std=scored.frac_reward_zero_std,
+            truncated=gather(truncated.to(device)) if self.max_prompt_length is not None else None,
+            hook_metrics=hook_metrics,
         )
-        for key, value in batch.items():
+        for key, value in batch:  # (name, value) pairs: a `log_metric` name may repeat a built-in one
             metrics[key].append(value)
         if args.log_completions and mode == "train":  # printed at training logs: never an eval batch
-            table = {"prompt": gather_object(prompts), "completion": gather_object(sampled.texts)}
-            table.update(reward=scored.rewards.tolist(), **extra_columns, advantage=scored.advantages.tolist())
+            columns = {"prompt": gather_object(prompts), "completion": gather_object(sampled.texts)}
+            # as TRL merges them: a `log_extra` column may replace `reward`, `advantage` comes last
+            table = {
+                **columns,
+                "reward": scored.rewards.tolist(),
+                **extra_columns,
+                "advantage": scored.advantages.tolist(),
+            }
             table = completions_table(table, args.log_unique_prompts)
             self._last_completions = table if self.accelerator.is_main_process else {}
         return output
@@ -522,13 +534,15 @@ class GRPOTrainer(Trainer):
             per_token_loss, mask, self.loss_type, self.max_completion_length, inputs["num_items_in_batch"]
         )
         if self.entropy_control.enabled:  # entropy bonus over the tokens the policy loss acts on
-            # the current accumulation window's size (set by Trainer's loop; the configured one outside it)
+            # the current accumulation window's size (set by Trainer's loop; the configured one before any training)
             training = mode == "train"
             steps = getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
-            metrics["policy_loss"].append(policy_loss_metric(loss, self.loss_type, training, steps, gather))
+            metrics["policy_loss"].append(
+                policy_loss_metric(loss, self.loss_type, training=training, accumulation_steps=steps, gather=gather)
+            )
             bonus_mask, end_of_step = mask if entropy_mask is None else entropy_mask, self.accelerator.sync_gradients
             loss, coef = self.entropy_control.add_bonus(
-                loss, entropies, bonus_mask, training, end_of_step, self.accelerator.reduce
+                loss, entropies, bonus_mask, training=training, end_of_step=end_of_step, reduce=self.accelerator.reduce
             )
             if coef is not None:  # the coefficient of optimizer steps: never an eval metric
                 metrics["entropy_coef"].append(coef)

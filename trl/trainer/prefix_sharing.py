@@ -156,7 +156,7 @@ def scoring_sharing_blocker(model: nn.Module) -> str | None:
       checkpointing (the reentrant kind does not send gradients to tensors it is not passed, such as the cached
       prompt keys), and needs a transformers version with that flag.
     """
-    if parameter_layouts(model) != {PLAIN}:
+    if parameter_layouts(model) - {PLAIN}:
         return "ZeRO-3/FSDP2 parameters"
     if not torch.is_grad_enabled():
         return None
