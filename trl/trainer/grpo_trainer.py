@@ -443,10 +443,9 @@ class GRPOTrainer(Trainer):
         for key, value in batch:  # (name, value) pairs: a `log_metric` name may repeat a built-in one
             metrics[key].append(value)
         if args.log_completions and mode == "train":  # printed at training logs: never an eval batch
-            columns = {"prompt": gather_object(prompts), "completion": gather_object(sampled.texts)}
-            # as TRL merges them: a `log_extra` column may replace `reward`, `advantage` comes last
-            table = {
-                **columns,
+            table = {  # a `log_extra` column may replace `reward`; `advantage` always comes last
+                "prompt": gather_object(prompts),
+                "completion": gather_object(sampled.texts),
                 "reward": scored.rewards.tolist(),
                 **extra_columns,
                 "advantage": scored.advantages.tolist(),
