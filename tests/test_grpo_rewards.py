@@ -95,6 +95,16 @@ def test_no_reward_funcs_raises(reward_funcs):
         load_reward_funcs(reward_funcs)
 
 
+def test_reward_models_do_not_get_the_policys_gguf_file(tiny_rm_path):
+    """A GGUF policy's `gguf_file` and quantization describe the policy's checkpoint: a reward-model path is loaded
+    without them (the tiny reward model has no GGUF file, so passing them on would fail)."""
+    funcs, names, _, _ = load_reward_funcs(
+        tiny_rm_path, model_init_kwargs={"gguf_file": "policy.gguf", "quantization_config": object()}
+    )
+    assert isinstance(funcs[0], AutoModelForSequenceClassification.from_pretrained(tiny_rm_path).__class__)
+    assert names == ["tiny-rm"]
+
+
 def test_reward_processing_classes_length_must_match(tiny_lm_path):
     # A single tokenizer is a list of one, as in TRL: it does not match two functions ...
     with pytest.raises(

@@ -107,3 +107,25 @@ def test_inference_deepspeed_config_replicated_stages(stage):
         {"zero_optimization": {"stage": stage, "overlap_comm": True}, "train_micro_batch_size_per_gpu": 2}, 64
     )
     assert config["zero_optimization"] == {"stage": 0} and config["train_micro_batch_size_per_gpu"] == 2
+
+
+def test_zero3_reference_is_loaded_with_the_policys_from_pretrained_kwargs(tiny_lm_path, monkeypatch):
+    """A ZeRO-3 partitioned policy cannot be deep-copied: its reference is loaded again, from the same revision and
+    GGUF file as the policy (dense), with the policy's config and dtype."""
+    policy = AutoModelForCausalLM.from_pretrained(tiny_lm_path)
+    for parameter in policy.parameters():
+        parameter.ds_id = 0  # what `deepspeed.zero.Init` marks a partitioned parameter with
+    calls = []
+
+    def from_pretrained(path, **kwargs):
+        calls.append((path, kwargs))
+        return AutoModelForCausalLM.from_config(kwargs["config"])
+
+    monkeypatch.setattr(type(policy), "from_pretrained", staticmethod(from_pretrained))
+    init_kwargs = {"revision": "v2", "gguf_file": "model.gguf", "dtype": torch.float16}
+    reference = create_reference_model(policy, from_pretrained_kwargs=init_kwargs)
+    [(path, kwargs)] = calls
+    assert path == tiny_lm_path and kwargs["revision"] == "v2" and kwargs["gguf_file"] == "model.gguf"
+    assert kwargs["config"] is policy.config and kwargs["dtype"] == policy.dtype == torch.float32
+    assert kwargs["quantization_config"].dequantize is True  # dense GGUF weights, like the policy's
+    assert all(not p.requires_grad for p in reference.parameters()) and not reference.training

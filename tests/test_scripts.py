@@ -111,6 +111,17 @@ def test_cli_yaml_config_with_override(tmp_path, model_dir):
     assert trainer.sync_callback.num_syncs == 1
 
 
+def test_cli_model_init_kwargs_as_json(tmp_path, model_dir):
+    """`--model_init_kwargs` is JSON text on the command line (e.g. `'{"gguf_file": "model.gguf"}'`)."""
+    data = str(tmp_path / "d.jsonl")
+    make_arithmetic_dataset(8).to_json(data)
+    argv = ["--model_name_or_path", model_dir, "--dataset_name", data, "--max_steps", "1"]
+    argv += ["--model_init_kwargs", '{"attn_implementation": "eager"}', "--output_dir", str(tmp_path / "out")]
+    trainer = grpo_main(argv + COMMON)
+    assert trainer.args.model_init_kwargs["attn_implementation"] == "eager"
+    assert trainer.model.config._attn_implementation == "eager"
+
+
 def test_cli_rejects_unknown_yaml_key(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"not_a_field": 1}))
@@ -128,9 +139,9 @@ def test_resolve_reward_func(tmp_path):
 
 def test_console_script_usage(capsys):
     assert cli_main([]) == 2
-    assert "usage: trl {grpo}" in capsys.readouterr().err  # a usage error goes to stderr
+    assert "usage: trl {grpo,convert-gguf}" in capsys.readouterr().err  # a usage error goes to stderr
     assert cli_main(["--help"]) == 0
-    assert "usage: trl {grpo}" in capsys.readouterr().out
+    assert "usage: trl {grpo,convert-gguf}" in capsys.readouterr().out
 
 
 def test_shipped_example_yaml_parses():

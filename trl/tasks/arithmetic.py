@@ -10,10 +10,18 @@ from datasets import Dataset
 _FIRST_INTEGER = re.compile(r"\s*(\d+)")
 
 
+SUM_QUESTION = "What is {a} + {b}? Answer with the number only."
+
+
 def make_arithmetic_dataset(
-    num_examples: int = 512, seed: int = 0, max_operand: int = 9, conversational: bool = False
+    num_examples: int = 512,
+    seed: int = 0,
+    max_operand: int = 9,
+    conversational: bool = False,
+    template: str = "{a}+{b}=",
 ) -> Dataset:
-    """Prompts `"a+b="` with `0 ≤ a, b ≤ max_operand` and their answers.
+    """Prompts `template.format(a=a, b=b)` (by default `"a+b="`) with `0 ≤ a, b ≤ max_operand` and their answers.
+    For a chat model, `conversational=True, template=SUM_QUESTION` asks "What is a + b? Answer with the number only."
 
     Returns:
         A `datasets.Dataset` with columns `"prompt"` (str, or a one-message list when `conversational`) and
@@ -23,7 +31,7 @@ def make_arithmetic_dataset(
     rows = {"prompt": [], "answer": []}
     for _ in range(num_examples):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        text = f"{a}+{b}="
+        text = template.format(a=a, b=b)
         rows["prompt"].append([{"role": "user", "content": text}] if conversational else text)
         rows["answer"].append(str(a + b))
     return Dataset.from_dict(rows)

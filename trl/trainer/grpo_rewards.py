@@ -66,7 +66,8 @@ def load_reward_funcs(
     """Turn the trainer's `reward_funcs` / `reward_processing_classes` / `reward_weights` into aligned lists.
 
     Paths are loaded as one-label sequence-classification reward models with `model_init_kwargs` (which carries
-    `trust_remote_code`); a reward model without a tokenizer gets the one saved next to it (from the same
+    `trust_remote_code`), less the policy's `gguf_file` and `quantization_config`, which describe the policy's
+    checkpoint, not theirs; a reward model without a tokenizer gets the one saved next to it (from the same
     `revision` when the model was loaded from a path), and its pad token id is set from that tokenizer.
 
     Returns:
@@ -82,7 +83,9 @@ def load_reward_funcs(
             "list of them)."
         )
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-    model_init_kwargs = model_init_kwargs or {}
+    model_init_kwargs = {
+        k: v for k, v in (model_init_kwargs or {}).items() if k not in ("gguf_file", "quantization_config")
+    }
     # A reward model loaded from a path gets its tokenizer from the same revision.
     revisions = [model_init_kwargs.get("revision") if isinstance(f, str) else None for f in funcs]
     funcs = [

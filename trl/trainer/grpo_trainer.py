@@ -189,7 +189,9 @@ class GRPOTrainer(Trainer):
         # Reference model: a frozen copy, a frozen adapter of a PEFT policy, or (None, None) (see `make_reference`)
         self.beta = args.beta
         self.is_peft_model = hasattr(model, "peft_config")
-        self.ref_model, self.ref_adapter = make_reference(model, args.beta, args.sync_ref_model, given_peft_model)
+        self.ref_model, self.ref_adapter = make_reference(
+            model, args.beta, args.sync_ref_model, given_peft_model, model_init_kwargs(args)
+        )
         self._reference_file = REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE
         for m in (model, self.ref_model):
             if m is not None and args.disable_dropout:

@@ -266,12 +266,13 @@ def add_reference_adapter(model: nn.Module, name: str = REFERENCE_ADAPTER) -> No
 
 
 def make_reference(
-    policy: nn.Module, beta: float, sync_ref_model: bool, given_peft_model: bool
+    policy: nn.Module, beta: float, sync_ref_model: bool, given_peft_model: bool, init_kwargs: dict | None = None
 ) -> tuple[nn.Module | None, str | None]:
     """The reference of `policy`, as `(ref_model, ref_adapter)`.
 
     - `beta == 0`: none, `(None, None)`.
-    - Full fine-tuning: a frozen copy, `(create_reference_model(policy), None)`.
+    - Full fine-tuning: a frozen copy, `(create_reference_model(policy), None)`; a ZeRO-3 partitioned policy's is
+      loaded again with `init_kwargs` (the policy's `from_pretrained` arguments).
     - PEFT, syncing or starting from a given (possibly trained) adapter: the shared base weights plus a frozen copy
       of the policy's adapter, `(None, REFERENCE_ADAPTER)` (see `add_reference_adapter`).
     - PEFT otherwise: the base model with adapters disabled, `(None, None)`.
@@ -279,7 +280,7 @@ def make_reference(
     if beta == 0.0:
         return None, None
     if not hasattr(policy, "peft_config"):
-        return create_reference_model(policy), None
+        return create_reference_model(policy, from_pretrained_kwargs=init_kwargs), None
     if sync_ref_model or given_peft_model:
         add_reference_adapter(policy, REFERENCE_ADAPTER)
         return None, REFERENCE_ADAPTER
