@@ -1,7 +1,14 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """trl.tasks.arithmetic: the dataset and the two verifiable rewards, by hand."""
 
-from trl.tasks import SUM_QUESTION, accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset
+from trl.tasks import (
+    SUM_QUESTION,
+    accuracy_reward,
+    answer_reward,
+    arithmetic_corpus,
+    closeness_reward,
+    make_arithmetic_dataset,
+)
 
 
 def test_dataset_rows_are_correct_sums():
@@ -27,6 +34,11 @@ def test_question_template():
         a, b = row["prompt"].rstrip("=").split("+")
         assert question["prompt"] == [{"role": "user", "content": f"What is {a} + {b}? Answer with the number only."}]
         assert question["answer"] == row["answer"]
+
+
+def test_answer_reward_by_hand():
+    completions = ["8", "The answer is 8.", "3 + 5 = 8", "18", "eight", [{"role": "assistant", "content": " 8!"}]]
+    assert answer_reward(completions, ["8"] * 6) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
 
 
 def test_closeness_reward_by_hand():

@@ -82,18 +82,23 @@ def test_convert_gguf_command(monkeypatch, tmp_path, capsys):
     calls = []
     monkeypatch.setattr(gguf, "convert_gguf", lambda path, out, dtype: calls.append((path, out, dtype)) or out)
     assert cli_main(["convert-gguf", "--smollm2", str(tmp_path / "a")]) == 0
-    assert cli_main(["convert-gguf", "other.gguf", str(tmp_path / "b"), "--dtype", "bfloat16"]) == 0
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF")
+    assert cli_main(["convert-gguf", str(other), str(tmp_path / "b"), "--dtype", "bfloat16"]) == 0
     import torch
 
     assert calls == [
         (smollm2_gguf_path(), str(tmp_path / "a"), torch.float32),
-        ("other.gguf", str(tmp_path / "b"), torch.bfloat16),
+        (str(other), str(tmp_path / "b"), torch.bfloat16),
     ]
     assert f"wrote {tmp_path / 'a'}" in capsys.readouterr().out
     for wrong in (["convert-gguf", str(tmp_path)], ["convert-gguf", "x.gguf", "out", "--smollm2"]):
         with pytest.raises(SystemExit):
             cli_main(wrong)
         assert "give either a GGUF_PATH or --smollm2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["convert-gguf", str(tmp_path / "missing.gguf"), "out"])
+    assert f"no such file: {tmp_path / 'missing.gguf'}" in capsys.readouterr().err
 
 
 def test_converted_folder_is_plain(smollm2_path):

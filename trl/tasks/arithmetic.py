@@ -8,6 +8,7 @@ from datasets import Dataset
 
 
 _FIRST_INTEGER = re.compile(r"\s*(\d+)")
+_ANY_INTEGER = re.compile(r"\d+")
 
 
 SUM_QUESTION = "What is {a} + {b}? Answer with the number only."
@@ -71,3 +72,14 @@ def accuracy_reward(completions: list, answer: list[str], **kwargs) -> list[floa
         match = _FIRST_INTEGER.match(_text(completion))
         rewards.append(1.0 if match and match.group(1) == str(expected) else 0.0)
     return rewards
+
+
+def answer_reward(completions: list, answer: list[str], **kwargs) -> list[float]:
+    """1.0 when the first integer anywhere in the completion is the answer, else 0.0: the answer must come before any
+    other number. "8" and "The answer is 8." are right, "3 + 5 = 8" is not. For chat models, which rarely start
+    with the bare number (`accuracy_reward` asks for that).
+    """
+    found = [_ANY_INTEGER.search(_text(completion)) for completion in completions]
+    return [
+        1.0 if match is not None and match.group(0) == str(expected) else 0.0 for match, expected in zip(found, answer)
+    ]
