@@ -14,12 +14,9 @@ plots the mean accuracy curves with ±std bands, one panel per (β, correction).
 """
 
 import argparse
-import concurrent.futures
 import importlib.util
-import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -28,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
 
-from _reproduction import quiet_transformers, save_figure  # noqa: E402
+from _reproduction import mean_std, quiet_transformers, run_jobs, save_figure, tail_mean, write_results  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
 
 from trl import GRPOTrainer  # noqa: E402
@@ -128,15 +125,6 @@ def run_one(arm: str, beta: float, correction: bool, seed: int, args) -> dict:
     }
 
 
-def tail_mean(values: list[float], fraction: float) -> float:
-    n = max(1, math.ceil(len(values) * fraction))
-    return sum(values[-n:]) / n
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def arm_label(arm: str, args) -> str:
     if arm == "fixed":
         return "fixed reference"
@@ -229,35 +217,24 @@ def main(argv=None) -> dict:
     jobs = [
         (arm, beta, correction, seed) for seed in args.seeds for beta, correction in groups(args) for arm in args.arms
     ]
-    runs = []
-    if args.workers == 1:  # in this process (also what lets a test load this file as a module)
-        finished = (run_one(*job, args) for job in jobs)
-    else:
-        pool = concurrent.futures.ProcessPoolExecutor(max_workers=args.workers)
-        finished = (
-            f.result() for f in concurrent.futures.as_completed([pool.submit(run_one, *j, args) for j in jobs])
-        )
-    for run in finished:
-        runs.append(run)
+
+    def report(run, done, total):
         print(
-            f"[{time.time() - start:6.0f} s] {len(runs):>3}/{len(jobs)} β={run['beta']} correction "
+            f"[{time.time() - start:6.0f} s] {done:>3}/{total} β={run['beta']} correction "
             f"{'on ' if run['correction'] else 'off'} {run['arm']:>5} seed {run['seed']}: final accuracy "
             f"{tail_mean(run[ACCURACY], args.final_fraction):.3f}, KL {tail_mean(run['kl'], args.final_fraction):.3f} "
             f"({run['train_seconds']} s)",
             flush=True,
         )
-    if args.workers != 1:
-        pool.shutdown()
+
+    runs = run_jobs(run_one, jobs, args, report)
     runs.sort(key=lambda r: (r["beta"], not r["correction"], args.arms.index(r["arm"]), r["seed"]))
     summary, table = summarise(runs, args)
     wall = time.time() - start
     print("\n" + table)
     print(f"\ntotal wall time: {wall:.0f} s")
     results = {"args": vars(args), "summary": summary, "table": table, "wall_seconds": round(wall, 1), "runs": runs}
-    path = os.path.join(args.output_dir, "results.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"raw results: {path}")
+    write_results(results, args.output_dir)
     if args.plot:
         plot(runs, args, args.plot)
         print(f"plot: {args.plot}")

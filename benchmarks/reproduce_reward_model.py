@@ -17,10 +17,8 @@ std over seeds (each run's mean over its last `--final_fraction` of steps), writ
 import argparse
 import concurrent.futures
 import json
-import math
 import os
 import re
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -31,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
 
-from _reproduction import quiet_transformers, save_figure  # noqa: E402
+from _reproduction import mean_std, quiet_transformers, save_figure, tail_mean  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
@@ -201,15 +199,6 @@ def run_one(arm: str, seed: int, args) -> dict:
         "num_updates": refresher.num_updates if refresher is not None else 0,
         "train_seconds": round(time.time() - start, 1),
     }
-
-
-def tail_mean(values: list[float], fraction: float) -> float:
-    n = max(1, math.ceil(len(values) * fraction))
-    return sum(values[-n:]) / n
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def summarise(runs: list[dict], fits: list[dict], args) -> tuple[dict, str]:
