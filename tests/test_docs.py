@@ -132,7 +132,8 @@ def test_quick_start_runs_offline(doc, tiny_model, tmp_path):
     assert trainer.state.global_step == 2
     assert trainer.args.max_steps == 2 and trainer.args.output_dir == str(tmp_path / "out")
     # the snippet's own iterative-GRPO settings survived the shrinking
-    assert trainer.args.sync_ref_model is True and trainer.sync_callback is not None
+    assert trainer.args.sync_ref_model is True and trainer.args.ref_model_sync_steps == 64
+    assert trainer.sync_callback in trainer.callback_handler.callbacks
     assert all("reward" in h for h in trainer.state.log_history[:2])
 
 

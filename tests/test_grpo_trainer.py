@@ -251,7 +251,9 @@ def test_reward_function_receives_aligned_columns(tiny_lm_path, arithmetic_datas
     tokenizer = trainer.processing_class
     for text, ids in zip(call["completions"], call["completion_ids"]):
         assert isinstance(text, str)
-        assert 1 <= len(ids) <= 4
+        # cut at the first stop token (kept), or at max_completion_length = 4
+        assert not set(ids[:-1]) & set(trainer.eos_token_ids)
+        assert len(ids) == 4 or ids[-1] in trainer.eos_token_ids
         assert tokenizer.decode(ids, skip_special_tokens=True) == text
     # The numbers that come back are what gets logged.
     log = last_log_with(trainer, "rewards/idx_reward/mean")

@@ -269,7 +269,8 @@ def test_cli_trains_the_converted_folder(smollm2_path, tmp_path):
     argv += ["--reward_funcs", "conftest:length_reward", "accuracy_reward"]
     trainer = grpo_main(argv + [item for key, value in flags.items() for item in (f"--{key}", str(value))])
     assert trainer.state.global_step == 2 and trainer.sync_callback.num_syncs == 2
-    assert trainer.processing_class.chat_template is not None
+    template = trainer.processing_class.chat_template
+    assert template == AutoTokenizer.from_pretrained(smollm2_path).chat_template and "<|im_start|>" in template
     initial = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).state_dict()
     policy, reference = trainer.model.state_dict(), trainer.ref_model.state_dict()
     assert any(not torch.equal(initial[n], p) for n, p in policy.items())  # trained ...
