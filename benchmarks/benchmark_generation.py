@@ -3,6 +3,7 @@
 
     python benchmarks/benchmark_generation.py                      # 3.1M-parameter Qwen2, 2 prompts × 8, 32 tokens
     python benchmarks/benchmark_generation.py --prompt_lengths 5,64,256 --repeats 5
+    python benchmarks/benchmark_generation.py --smoke        # 1 prompt × 2, 4 tokens, prompt lengths 5 and 16, once
 
 The paths alternate within each repeat (medians are printed); both sample with the same `GenerationConfig`.
 """
@@ -10,13 +11,16 @@ The paths alternate within each repeat (medians are printed); both sample with t
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
 
 import torch  # noqa: E402
+from _smoke import parse_args_with_smoke  # noqa: E402
 from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: E402
 
 from trl.models.tiny import build_tiny_causal_lm  # noqa: E402
@@ -25,7 +29,10 @@ from trl.trainer.grpo_config import GENERATION_IMPLEMENTATIONS  # noqa: E402
 from trl.trainer.grpo_generation import sample_completions  # noqa: E402
 
 
-def main():
+SMOKE = dict(prompt_lengths="5,16", prompts=1, num_generations=2, max_completion_length=4, repeats=1)
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt_lengths", default="5,64,256")
     parser.add_argument("--prompts", type=int, default=2, help="distinct prompts per batch")
@@ -33,10 +40,13 @@ def main():
     parser.add_argument("--max_completion_length", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--model_dir", default=None, help="where to build the model (default: a new temp dir)")
+    args = parse_args_with_smoke(parser, SMOKE, argv)
     torch.set_num_threads(args.threads)
     shape = dict(hidden_size=256, num_layers=4, intermediate_size=704, num_attention_heads=4, num_key_value_heads=2)
-    model_dir = build_tiny_causal_lm(tempfile.mkdtemp(prefix="qwen2-"), corpus=arithmetic_corpus(), **shape)
+    model_dir = build_tiny_causal_lm(
+        args.model_dir or tempfile.mkdtemp(prefix="qwen2-"), corpus=arithmetic_corpus(), **shape
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = GenerationConfig(
         max_new_tokens=args.max_completion_length,

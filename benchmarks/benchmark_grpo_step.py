@@ -5,18 +5,22 @@ the time of one reference sync against the memory-bandwidth floor and a naive pe
     python benchmarks/benchmark_grpo_step.py                       # tiny Qwen2, CPU, fp32
     python benchmarks/benchmark_grpo_step.py --preset 0.5b         # Qwen2.5-0.5B shape, bf16, GPU if there is one
     python benchmarks/benchmark_grpo_step.py --preset 0.5b --skip_step   # sync table only (e.g. on a CPU)
+    python benchmarks/benchmark_grpo_step.py --smoke                     # tiny, 2 steps per run, 5 syncs timed
 """
 
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
 
 import torch  # noqa: E402
+from _smoke import parse_args_with_smoke  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 
 from trl import GRPOConfig, GRPOTrainer, create_reference_model  # noqa: E402
@@ -42,6 +46,7 @@ PRESETS = {
     "tiny": dict(hidden_size=64, num_layers=2),
     "0.5b": QWEN2_5_0_5B_SHAPE,
 }
+SMOKE = dict(preset="tiny", steps=2, device="cpu", sync_repeats=5)
 
 
 def grpo_step_time(model_dir: str, steps: int, sync: bool, use_cpu: bool, dtype: str) -> tuple[float, float, float]:
@@ -124,7 +129,7 @@ def sync_times(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     }
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--steps", type=int, default=40)
@@ -133,12 +138,14 @@ def main():
         "--dtype", default=None, choices=["float32", "bfloat16"], help="default: fp32 for tiny, bf16 for 0.5b"
     )
     parser.add_argument("--skip_step", action="store_true", help="only the sync table")
-    args = parser.parse_args()
+    parser.add_argument("--sync_repeats", type=int, default=None, help="syncs timed (default: 50 tiny, 10 0.5b)")
+    parser.add_argument("--model_dir", default=None, help="where to build the model (default: a new temp dir)")
+    args = parse_args_with_smoke(parser, SMOKE, argv)
     dtype = args.dtype or ("float32" if args.preset == "tiny" else "bfloat16")
     use_cpu = args.device == "cpu"
     shape = PRESETS[args.preset]
 
-    model_dir = build_tiny_causal_lm(tempfile.mkdtemp(), corpus=arithmetic_corpus(), **shape)
+    model_dir = build_tiny_causal_lm(args.model_dir or tempfile.mkdtemp(), corpus=arithmetic_corpus(), **shape)
     if not args.skip_step:
         print(
             f"\nGRPO step: preset {args.preset} ({shape['hidden_size']}-wide, {shape['num_layers']} layers), {dtype}, "
@@ -155,7 +162,7 @@ def main():
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(args.device)
-    result = sync_times(model, repeats=50 if args.preset == "tiny" else 10)
+    result = sync_times(model, repeats=args.sync_repeats or (50 if args.preset == "tiny" else 10))
     print(
         f"\nOne reference sync (α=0.6), preset {args.preset}, {result['bytes'] / 2**20:.2f} MiB of {dtype} parameters, device {args.device}"
     )

@@ -3,8 +3,9 @@
 
     python benchmarks/benchmark_sync_zero3.py            # relaunches itself with torchrun --nproc_per_node 2
     python benchmarks/benchmark_sync_zero3.py --hidden_size 512 --num_layers 12 --repeats 5
+    python benchmarks/benchmark_sync_zero3.py --smoke    # a 1-layer, 64-wide Qwen2 (vocab 1000), one timed sync
 
-Policy and reference are the same Qwen2 (≥ 50M parameters, fp32), both partitioned by ZeRO-3 (`zero.Init`) and
+Policy and reference are the same Qwen2 (by default ≥ 50M parameters, fp32), both partitioned by ZeRO-3 (`zero.Init`) and
 wrapped in DeepSpeed engines without optimizer, as `GRPOTrainer` does for the reference. One sync is α = 0.6.
 
 * trl: `pair_for_sync(policy, reference)(alpha)`: every rank mixes its own partitions in place.
@@ -22,11 +23,19 @@ Time: the median of `--repeats` syncs (wall clock, after a barrier, rank max).
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
+from _smoke import parse_args_with_smoke  # noqa: E402
+
+
+SMOKE = dict(hidden_size=64, num_layers=1, vocab_size=1000, repeats=1)
 
 
 def parse_args(argv=None):
@@ -36,7 +45,14 @@ def parse_args(argv=None):
     parser.add_argument("--vocab_size", type=int, default=32000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--alpha", type=float, default=0.6)
-    return parser.parse_args(argv)
+    return parse_args_with_smoke(parser, SMOKE, argv)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (torchrun's default, 29500, may be taken by another job)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class RssPeak:
@@ -99,8 +115,10 @@ def main(argv=None) -> None:
             "torch.distributed.run",
             "--nproc_per_node",
             "2",
+            "--master_port",
+            str(free_port()),
             os.path.abspath(__file__),
-            *sys.argv[1:],
+            *(sys.argv[1:] if argv is None else argv),
         ]
         sys.exit(subprocess.call(command, env=env))
 

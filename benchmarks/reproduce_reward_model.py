@@ -11,7 +11,10 @@ std over seeds (each run's mean over its last `--final_fraction` of steps), writ
 `<output_dir>/results.json` and plots them.
 
     python benchmarks/reproduce_reward_model.py              # a few minutes on 2 CPU cores
-    python benchmarks/reproduce_reward_model.py --seeds 0 --max_steps 20 --plot ''   # smoke run
+    python benchmarks/reproduce_reward_model.py --seeds 0 --max_steps 20 --plot ''   # a short run
+    python benchmarks/reproduce_reward_model.py --smoke --output_dir /tmp/smoke      # 1 seed, 2 steps, 1 worker
+
+With `--smoke` the figure goes to `<output_dir>/reward_model_refresh.png` unless `--plot` is given.
 """
 
 import argparse
@@ -30,6 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers
 
 from _reproduction import mean_std, quiet_transformers, save_figure, tail_mean  # noqa: E402
+from _smoke import parse_args_with_smoke  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
@@ -43,6 +47,8 @@ DEFAULT_PLOT = os.path.join(ROOT, "docs", "source", "imgs", "reward_model_refres
 TRUE, PREDICTED = "rewards/true_reward/mean", "rewards/predicted_reward/mean"
 ARMS = ("frozen", "refreshed")
 _INTEGER = re.compile(r"\d+")
+# `--smoke`: one seed, the reward model fitted on 4 prompts × 8 samples for one epoch, 2 steps with a refresh after each
+SMOKE = dict(seeds=[0], max_steps=2, fit_prompts=4, fit_epochs=1, update_steps=1, workers=1)
 
 
 def true_reward(completions: list[str], answer: list[str], **kwargs) -> list[float]:
@@ -69,7 +75,10 @@ def parse_args(argv=None):
     parser.add_argument("--replay_ratio", type=float, default=0.1)
     parser.add_argument("--final_fraction", type=float, default=0.2, help="share of the last steps averaged")
     parser.add_argument("--workers", type=int, default=2, help="runs in parallel, one torch thread each")
-    return parser.parse_args(argv)
+    args = parse_args_with_smoke(parser, SMOKE, argv)
+    if args.smoke and args.plot == DEFAULT_PLOT:  # a smoke run never replaces the documentation's figure
+        args.plot = os.path.join(args.output_dir, os.path.basename(DEFAULT_PLOT))
+    return args
 
 
 def paths(seed: int, args) -> tuple[str, str]:

@@ -42,6 +42,7 @@ def sync_args(tmp_path, **sync_fields) -> GRPOConfig:
 
 
 def run_schedule(tmp_path, strategy, steps, epoch_end_at=()):
+    """Drive the callback as `Trainer` does: `state.epoch` is a whole number at the step that completes an epoch."""
     args = sync_args(tmp_path, ref_model_sync_steps=3, ref_model_mixup_alpha=1.0, ref_model_sync_strategy=strategy)
     policy, reference = Scalar(0.0), Scalar(-1.0)
     callback = SyncRefModelCallback(reference)
@@ -50,9 +51,9 @@ def run_schedule(tmp_path, strategy, steps, epoch_end_at=()):
     for step in range(1, steps + 1):
         policy.w.data.fill_(float(step))  # "optimizer step"
         state.global_step = step
+        ended = sum(end <= step for end in epoch_end_at)
+        state.epoch = ended if step in epoch_end_at else ended + 0.5
         callback.on_step_end(args, state, control, model=policy)
-        if step in epoch_end_at:
-            callback.on_epoch_end(args, state, control, model=policy)
         if reference.w.item() == step:
             synced_at.append(step)
     return callback, synced_at, reference
@@ -65,12 +66,41 @@ def test_steps_strategy_syncs_every_tau_optimizer_steps(tmp_path):
     assert (callback.num_syncs, callback.last_sync_step) == (3, 9)
 
 
-def test_epoch_strategy_syncs_only_at_epoch_end(tmp_path):
+def test_epoch_strategy_syncs_only_at_the_step_that_ends_an_epoch(tmp_path):
     callback, synced_at, reference = run_schedule(tmp_path, "epoch", 10, epoch_end_at=(4, 10))
     assert synced_at == [4, 10]
     assert (callback.num_syncs, callback.last_sync_step) == (2, 10)
-    callback.on_epoch_end(_args(tmp_path, "epoch"), _state(10), TrainerControl(), model=Scalar(99.0))
+    state = _state(10)
+    state.epoch = 2.0
+    callback.on_step_end(_args(tmp_path, "epoch"), state, TrainerControl(), model=Scalar(99.0))
     assert callback.num_syncs == 2 and reference.w.item() == 10.0  # no step since the last sync: no second sync
+    callback.on_epoch_end(_args(tmp_path, "epoch"), _state(11), TrainerControl(), model=Scalar(99.0))
+    assert callback.num_syncs == 2  # the end of an epoch cut short by max_steps is not a sync point
+
+
+@pytest.mark.parametrize(
+    ("strategy", "sync_steps", "max_steps", "global_step", "warned"),
+    [
+        ("steps", 10, 8, 0, "ref_model_sync_steps=10 but the run ends at optimizer step 8 (now at 0)"),
+        ("steps", 5, 8, 0, None),
+        ("steps", 5, 9, 6, "ref_model_sync_steps=5 but the run ends at optimizer step 9 (now at 6)"),
+        ("epoch", 1, 3, 0, "ref_model_sync_strategy='epoch' but the run ends at optimizer step 3, before its first"),
+        ("epoch", 1, 4, 0, None),
+    ],
+)
+def test_a_schedule_without_any_sync_warns_at_train_begin(
+    tmp_path, monkeypatch, strategy, sync_steps, max_steps, global_step, warned
+):
+    from trl.trainer import callbacks
+
+    messages = []
+    monkeypatch.setattr(callbacks.logger, "warning", messages.append)
+    args = sync_args(tmp_path, ref_model_sync_steps=sync_steps, ref_model_sync_strategy=strategy)
+    state = _state(global_step)
+    state.max_steps = max_steps
+    loader = [None] * 4  # 4 micro-batches per epoch, accumulation 1: 4 optimizer steps per epoch
+    SyncRefModelCallback(Scalar(0.0)).on_train_begin(args, state, TrainerControl(), train_dataloader=loader)
+    assert (messages[0][: len(warned)] if messages else None) == warned
 
 
 def _args(tmp_path, strategy):

@@ -8,11 +8,13 @@ clean machine) into the torch extensions cache, outside the launches' time limit
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 
@@ -64,7 +66,23 @@ def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150, worker: str 
         *extra,
     ]
     for attempt in range(2):
-        proc = subprocess.run(command, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        # its own process group, so that a hang is ended with the workers, not only the launcher
+        launcher = subprocess.Popen(
+            command,
+            env=_env(),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+            raise
+        proc = subprocess.CompletedProcess(command, launcher.returncode, stdout, stderr)
         if proc.returncode == 0:
             break
     assert proc.returncode == 0, f"{mode} workers failed twice:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -253,3 +271,101 @@ def test_zero3_reward_model_refresh_is_refused_at_init(model_dir, tmp_path_facto
         assert rank["error"].startswith(
             "reward_model_update_steps works on one device and under DDP, not under DeepSpeed"
         )
+
+
+PREFIX_SHARING_WORKER = os.path.join(ROOT, "tests", "distributed_workers", "prefix_sharing_worker.py")
+
+
+@pytest.fixture(scope="module")
+def ddp_sharing_results(model_dir, tmp_path_factory):
+    return _launch("ddp", model_dir, tmp_path_factory.mktemp("ddp_sharing"), worker=PREFIX_SHARING_WORKER)
+
+
+@pytest.fixture(scope="module")
+def zero2_sharing_results(model_dir, tmp_path_factory, deepspeed_op):
+    return _launch("zero2", model_dir, tmp_path_factory.mktemp("zero2_sharing"), worker=PREFIX_SHARING_WORKER)
+
+
+@pytest.mark.parametrize("mode, policy_type", [("ddp", "DistributedDataParallel"), ("zero2", "DeepSpeedEngine")])
+def test_shared_prefix_scoring_trains_as_plain_scoring(mode, policy_type, request):
+    """2 GRPO steps on 2 processes at the default sharing threshold (24-token prompts, 16 needed), with TRL's default
+    gradient checkpointing: `shared_prefix_scoring=True` really shares (reference and training passes) and gives the
+    loss, entropy and gradient norm of `shared_prefix_scoring=False` to rtol 1e-5 (the loss, ~0 at step 1 where the
+    advantages cancel: also abs 1e-6), and every per-token log-prob within 1e-5."""
+    for rank in request.getfixturevalue(f"{mode}_sharing_results"):
+        plain, shared = rank["False"], rank["True"]
+        assert rank["world_size"] == 2 and shared["policy_type"] == policy_type
+        assert shared["threshold"] == 16 and shared["prompt_tokens"] > shared["threshold"] + 1
+        # one reference and one training pass per step shared their prompts; the plain run never did
+        assert shared["shared"] == {"with_gradients": 2, "without_gradients": 2}
+        assert plain["shared"] == {"with_gradients": 0, "without_gradients": 0}
+        assert len(plain["steps"]) == len(shared["steps"]) == 2
+        for ours, reference in zip(shared["steps"], plain["steps"]):
+            assert reference["grad_norm"] > 1e-2  # a real gradient
+            assert ours["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5)
+            assert ours["entropy"] == pytest.approx(reference["entropy"], rel=1e-5)
+            assert ours["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-6)
+        assert len(plain["logps"]) == len(shared["logps"]) == 4  # per step: reference, then training
+        for ours, reference in zip(shared["logps"], plain["logps"]):
+            difference = (torch.tensor(ours) - torch.tensor(reference)).abs().max()
+            assert difference <= 1e-5, difference
+
+
+@pytest.fixture(scope="module")
+def ddp_diverge_sharing_results(model_dir, tmp_path_factory):
+    # a hang (the ranks' DDP collectives no longer pairing up) ends at the timeout; a run takes ~40 s
+    out_dir = tmp_path_factory.mktemp("ddp_diverge_sharing")
+    return _launch("ddp_diverge", model_dir, out_dir, timeout=120, worker=PREFIX_SHARING_WORKER)
+
+
+def test_ranks_that_decide_differently_on_sharing_train_as_plain_scoring(ddp_diverge_sharing_results):
+    """DDP with rank 0 on 24-token prompts (shared) and rank 1 on 12-token ones (below the threshold: plain), in
+    the same steps. The prompt pass runs inside the DDP wrapper, so both ranks make one DDP forward (and buffer
+    broadcast) per pass: the run finishes, with the loss, entropy and gradient norm of the plain run to rtol 1e-5
+    (with the prompt pass run through the DDP wrapper, rank 0 made an extra DDP forward and the run hung)."""
+    rank0, rank1 = ddp_diverge_sharing_results
+    assert [rank["True"]["prompt_tokens"] for rank in (rank0, rank1)] == [24, 12]
+    assert rank0["True"]["shared"] == {"with_gradients": 2, "without_gradients": 2}
+    assert rank1["True"]["shared"] == {"with_gradients": 0, "without_gradients": 0}
+    for rank in (rank0, rank1):
+        plain, shared = rank["False"], rank["True"]
+        assert rank["world_size"] == 2 and shared["policy_type"] == "DistributedDataParallel"
+        assert plain["shared"] == {"with_gradients": 0, "without_gradients": 0}
+        assert len(plain["steps"]) == len(shared["steps"]) == 2
+        for ours, reference in zip(shared["steps"], plain["steps"]):
+            assert reference["grad_norm"] > 1e-2
+            assert ours["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5)
+            assert ours["entropy"] == pytest.approx(reference["entropy"], rel=1e-5)
+            assert ours["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-6)
+        # per step: reference, then training pass. Within 1e-5 but step 2's training pass (measured 2.2e-5): it runs
+        # on weights that step 1's Adam update (lr 5e-2) moved apart by float rounding, also on rank 1, plain in both
+        assert len(plain["logps"]) == len(shared["logps"]) == 4
+        for index, (ours, reference) in enumerate(zip(shared["logps"], plain["logps"])):
+            difference = (torch.tensor(ours) - torch.tensor(reference)).abs().max()
+            assert difference <= (5e-5 if index == 3 else 1e-5), (index, difference)
+
+
+REWARD_ERROR_WORKER = os.path.join(ROOT, "tests", "distributed_workers", "reward_error_worker.py")
+
+
+def test_reward_error_on_one_process_is_raised_on_every_process(model_dir, tmp_path):
+    """A reward function returns a string on process 0 only. Before: process 0 raised its TypeError alone and
+    process 1 waited in `gather(rewards)` (the launch hit the timeout). Now every process raises, naming the error."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += [REWARD_ERROR_WORKER, "ddp", model_dir, str(tmp_path)]
+    try:
+        proc = subprocess.run(command, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as timeout:
+        pytest.fail(f"the workers hung on a reward error raised on one process:\n{timeout.stdout}\n{timeout.stderr}")
+    assert proc.returncode == 0, f"workers failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    local = (
+        "Reward function 'flaky_reward' returned a str ('oops') instead of a list: it must return a list of 4 floats "
+        "(or None), one per completion."
+    )
+    results = [json.loads((tmp_path / f"ddp_rank{rank}.json").read_text()) for rank in range(2)]
+    assert results == [
+        {"type": "TypeError", "message": local},
+        {"type": "TypeError", "message": f"reward function error on process 0: {local}"},
+    ]
+    assert f"rank 0 raised TypeError: {local}" in proc.stdout
+    assert f"rank 1 raised TypeError: reward function error on process 0: {local}" in proc.stdout

@@ -220,3 +220,81 @@ def test_grpo_generation_config_maps_the_sampling_fields_and_lets_generation_kwa
     assert (config.min_p, config.repetition_penalty, config.top_k, config.num_beams) == (0.1, 1.2, 3, 2)
     assert config.eos_token_id == [tokenizer.eos_token_id, 7] and config.pad_token_id == tokenizer.pad_token_id
     assert config.disable_compile is True and config.cache_implementation is None
+
+
+def _sampled_twice(model, ids, mask, config, seed=0):
+    """Both implementations from the same RNG state."""
+    outputs = {}
+    for implementation in ("generate", "shared_prefix"):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            outputs[implementation] = sample_completions(model, ids, mask, config, implementation)
+    return outputs["generate"], outputs["shared_prefix"]
+
+
+@pytest.mark.parametrize(
+    "options, blocker",
+    [
+        (dict(num_beams=2, do_sample=False), "generation mode beam_search"),
+        (dict(num_beams=2, do_sample=True), "generation mode beam_sample"),
+        (dict(num_return_sequences=2), "num_return_sequences > 1"),
+        (dict(return_dict_in_generate=True, output_scores=True), None),  # shares; `generate` returns an output object
+    ],
+)
+def test_generation_options_give_the_ids_of_plain_generate(lm, options, blocker):
+    """`generation_kwargs` go to `generate` as they are: beam search (and sampling beams) and several sequences per
+    prompt expand the batch, so the shared-prefix path hands them to plain `generate`; the ids are the same."""
+    model, tokenizer = lm
+    ids, mask = _prompts(tokenizer, ["1+2=", "13+4+5="], repeats=3)
+    config = _config(tokenizer, 5)
+    config.update(**options)
+    plain, shared = _sampled_twice(model, ids, mask, config)
+    assert plain.size(0) == ids.size(0) * (config.num_return_sequences or 1) and plain.size(1) <= 5
+    assert torch.equal(shared, plain)
+    from trl.trainer.grpo_generation import shared_prefix_blocker
+
+    assert shared_prefix_blocker(model, ids, mask, config) == blocker
+
+
+@pytest.mark.parametrize(
+    "model_defaults, blocker",
+    [
+        ({"cache_implementation": "static"}, "cache_implementation='static'"),
+        ({"cache_implementation": "dynamic"}, "cache_implementation='dynamic'"),
+        ({"cache_implementation": "hybrid"}, None),  # transformers 5.x drops a "hybrid" default: shares
+        ({"num_beams": 2, "do_sample": False}, "generation mode beam_search"),  # our config leaves num_beams unset
+    ],
+)
+def test_the_models_own_generation_config_decides_the_path(tiny_lm_path, tmp_path, model_defaults, blocker):
+    """`generate` fills what our `GenerationConfig` leaves unset from the model's generation_config.json (here saved
+    and loaded back): a `cache_implementation` there would clash with a given cache, and `num_beams` there is beam
+    search. No error, and the ids of plain `generate`."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    for key, value in model_defaults.items():
+        setattr(model.generation_config, key, value)
+    model.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert all(getattr(model.generation_config, k) == v for k, v in model_defaults.items())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
+    ids, mask = _prompts(tokenizer, ["1+2=", "13+4+5="], repeats=3)
+    config = GenerationConfig(
+        max_new_tokens=5,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        disable_compile=True,
+        temperature=1.0,
+        top_k=0,
+    )
+    if "do_sample" not in model_defaults:  # sampling, unless the model's defaults ask for greedy beams
+        config.do_sample = True
+    plain, shared = _sampled_twice(model, ids, mask, config)
+    assert torch.equal(shared, plain)
+    from trl.trainer.grpo_generation import effective_generation_config, shared_prefix_blocker
+
+    assert shared_prefix_blocker(model, ids, mask, config) == blocker
+    assert config.cache_implementation is None and config.num_beams is None  # ours is left as it was
+    if "cache_implementation" in model_defaults:
+        expected = (
+            None if model_defaults["cache_implementation"] == "hybrid" else model_defaults["cache_implementation"]
+        )
+        assert effective_generation_config(model, config).cache_implementation == expected

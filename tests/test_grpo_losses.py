@@ -112,6 +112,24 @@ def test_group_advantages_errors():
 # ---------------------------------------------------------------- completion_mask
 
 
+@pytest.mark.parametrize(
+    ("rewards", "scale_rewards"),
+    [
+        ([1e20, -1e20, 0.0, 1.0], "group"),  # the variance overflows: every advantage would be 0
+        ([3e38, 3e38, 1.0, 0.0], "group"),  # the sum overflows: the advantages would be NaN
+        ([3e38, 3e38, 1.0, 0.0], "none"),
+    ],
+)
+def test_group_advantages_refuse_rewards_whose_statistics_overflow(rewards, scale_rewards):
+    with pytest.raises(ValueError, match=r"too large for their group statistics: their mean or standard deviation"):
+        group_advantages(torch.tensor(rewards), 4, scale_rewards)
+
+
+def test_group_advantages_without_scaling_do_not_need_the_std():
+    rewards = torch.tensor([1e20, -1e20, 0.0, 0.0])
+    assert torch.equal(group_advantages(rewards, 4, "none"), rewards)  # the mean is 0
+
+
 def test_completion_mask_pad_equals_eos():
     # Pad == EOS == 0: the mask stops at the *first* EOS, it does not drop every 0.
     assert torch.equal(completion_mask(torch.tensor([[5, 6, 0, 0, 0]]), 0), torch.tensor([[1, 1, 1, 0, 0]]))

@@ -3,15 +3,19 @@
 None handling, both multi-objective aggregations, logging hooks."""
 
 import asyncio
+import collections
 import functools
 import math
 import threading
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import PathNotFoundError
 from trl.trainer import grpo_rewards
 from trl.trainer.grpo_losses import group_advantages
 from trl.trainer.grpo_metrics import reward_metrics
@@ -25,6 +29,7 @@ from trl.trainer.grpo_rewards import (
     is_async_reward_func,
     load_reward_funcs,
     normalized_sum,
+    reward_column,
     reward_func_name,
 )
 
@@ -216,6 +221,224 @@ def test_none_becomes_nan_and_all_none_warns_with_the_inputs():
     assert all_none_message(torch.tensor([[1.0, NAN]]), ["p"], ["c"], {}) is None
 
 
+# ---------------------------------------------------------------- what a reward function may return
+
+INF = float("inf")
+LIST_OF_2 = "it must return a list of 2 floats (or None), one per completion."
+FINITE = 'Rewards must be finite: None (or NaN) means "no reward for this completion", inf is not allowed.'
+
+
+def returning(value, is_async):
+    """A reward function named `bad` (sync or async) that returns `value`."""
+
+    def bad(completions, **kwargs):
+        return value
+
+    async def async_bad(completions, **kwargs):
+        return value
+
+    if is_async:
+        async_bad.__name__ = "bad"
+        return async_bad
+    return bad
+
+
+WRONG_RETURNS = [  # (returned for 2 completions, error type, message)
+    (0.5, TypeError, f"Reward function 'bad' returned a float (0.5) instead of a list: {LIST_OF_2}"),
+    (None, TypeError, f"Reward function 'bad' returned None instead of a list: {LIST_OF_2}"),
+    ("11", TypeError, f"Reward function 'bad' returned a str ('11') instead of a list: {LIST_OF_2}"),
+    (
+        {"a": 1.0, "b": 2.0},
+        TypeError,
+        f"Reward function 'bad' returned a dict ({{'a': 1.0, 'b': 2.0}}) instead of a list: {LIST_OF_2}",
+    ),
+    (
+        torch.tensor(1.0),
+        TypeError,
+        f"Reward function 'bad' returned a torch.Tensor of shape () instead of a list: {LIST_OF_2}",
+    ),
+    ([1.0], ValueError, f"Reward function 'bad' returned 1 rewards for 2 completions: {LIST_OF_2}"),
+    ([1.0, 2.0, 3.0], ValueError, f"Reward function 'bad' returned 3 rewards for 2 completions: {LIST_OF_2}"),
+    (["1", 2.0], TypeError, f"Reward function 'bad' returned a str ('1') for completion 0: {LIST_OF_2}"),
+    ([1.0, [2.0]], TypeError, f"Reward function 'bad' returned a list ([2.0]) for completion 1: {LIST_OF_2}"),
+    ([{"r": 1}, 2.0], TypeError, f"Reward function 'bad' returned a dict ({{'r': 1}}) for completion 0: {LIST_OF_2}"),
+    (
+        [torch.tensor([1.0, 2.0]), 1.0],
+        TypeError,
+        f"Reward function 'bad' returned a torch.Tensor of shape (2,) for completion 0: {LIST_OF_2}",
+    ),
+    (
+        torch.ones(2, 2),
+        TypeError,
+        f"Reward function 'bad' returned a torch.Tensor of shape (2,) for completion 0: {LIST_OF_2}",
+    ),
+    ([1 + 2j, 1.0], TypeError, f"Reward function 'bad' returned a complex ((1+2j)) for completion 0: {LIST_OF_2}"),
+    ([1.0, INF], ValueError, f"Reward function 'bad' returned inf for completion 1: {LIST_OF_2} {FINITE}"),
+    ([-INF, None], ValueError, f"Reward function 'bad' returned -inf for completion 0: {LIST_OF_2} {FINITE}"),
+    (
+        np.array([0.0, np.inf]),
+        ValueError,
+        f"Reward function 'bad' returned inf for completion 1: {LIST_OF_2} {FINITE}",
+    ),
+    (
+        [torch.tensor(-INF), 1],
+        ValueError,
+        f"Reward function 'bad' returned -inf for completion 0: {LIST_OF_2} {FINITE}",
+    ),
+]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("value", "error", "message"), WRONG_RETURNS)
+def test_wrong_reward_returns_raise_naming_the_function(loop, is_async, value, error, message):
+    """Before: a bare float raised `TypeError: object of type 'float' has no len()`, strings were parsed as numbers
+    ("11" gave [1.0, 1.0]) and ±inf passed through."""
+    with pytest.raises(error) as raised:
+        call_reward_funcs(
+            [returning(value, is_async)], ["bad"], [None], ["p", "p"], ["a", "b"], [[1], [2]], {}, loop=loop
+        )
+    assert str(raised.value) == message
+
+
+ACCEPTED_RETURNS = [  # (returned for 2 completions, the column)
+    ([1, 2.5], [1.0, 2.5]),
+    ((True, False), [1.0, 0.0]),
+    ([np.float32(0.25), np.int64(3)], [0.25, 3.0]),
+    ([np.bool_(True), np.float64(NAN)], [1.0, NAN]),
+    ([torch.tensor(1.5), torch.tensor([2.0])], [1.5, 2.0]),
+    ([torch.tensor(True), np.array([4])], [1.0, 4.0]),
+    ([None, float("nan")], [NAN, NAN]),  # both mean "no reward for this completion", as in TRL
+    (torch.tensor([0.5, NAN]), [0.5, NAN]),  # a (N,) tensor, as TRL's torch.tensor(...) accepts
+    (torch.tensor([[0.5], [1.0]]), [0.5, 1.0]),  # (N, 1): TRL accepts it too
+    (np.array([3, 4], dtype=np.int32), [3.0, 4.0]),
+    (np.array([[3.0], [4.0]]), [3.0, 4.0]),
+    (collections.deque([1.0, None]), [1.0, NAN]),  # any iterable, as TRL's list comprehension
+]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("value", "column"), ACCEPTED_RETURNS)
+def test_accepted_reward_returns(loop, is_async, value, column):
+    rewards = call_reward_funcs(
+        [returning(value, is_async)], ["ok"], [None], ["p"] * 2, ["a", "b"], [[1]] * 2, {}, loop=loop
+    )
+    assert rewards.dtype == torch.float32 and rewards.shape == (2, 1)
+    assert torch.equal(rewards[:, 0].nan_to_num(-7.0), torch.tensor(column).nan_to_num(-7.0))
+
+
+@pytest.mark.filterwarnings("ignore:Creating a tensor from a list of numpy.ndarrays")
+def test_accepted_returns_give_what_trl_computes():
+    """TRL 1.16 replaces None by NaN and calls `torch.tensor(output, dtype=torch.float32)` (then assigns it to a
+    column): every output it accepts gives the same column here; it rejects only two that are accepted here, a
+    list mixing a 1-element numpy array in and an (N, 1) numpy array."""
+    rejected_by_trl = []
+    for index, (value, _) in enumerate(ACCEPTED_RETURNS):
+        try:
+            trl_column = torch.zeros(2)
+            trl_column[:] = torch.tensor([NAN if v is None else v for v in value], dtype=torch.float32)
+        except (TypeError, RuntimeError):
+            rejected_by_trl.append(index)
+            continue
+        ours = torch.tensor(grpo_rewards.reward_column(value, "ok", 2))
+        assert torch.equal(ours.nan_to_num(-7.0), trl_column.nan_to_num(-7.0)), value
+    assert [ACCEPTED_RETURNS[i][0].__class__.__name__ for i in rejected_by_trl] == ["list", "ndarray"]
+
+
+def test_reward_model_non_finite_scores_raise_naming_the_model(tiny_rm_path):
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_rm_path)
+    funcs, names, tokenizers, _ = load_reward_funcs(model)
+
+    def overflow_second_completion(module, inputs, output):
+        output = output.clone()
+        output[1] = INF
+        return output
+
+    handle = model.score.register_forward_hook(overflow_second_completion)
+    args = (funcs, names, tokenizers, ["1+1=", "2+2="], ["2", "4"], [[1], [2]], {})
+    with pytest.raises(ValueError) as raised:
+        call_reward_funcs(*args)
+    assert str(raised.value) == (
+        "Reward model 'tiny-rm' (torch.float32) gave a non-finite score (inf) for 1 of 2 completions (the first is "
+        "completion 1); a reward model's scores must be finite: check the model's weights and inputs (or, for a "
+        "float16 checkpoint, load it in float32 or bfloat16)."
+    )
+    model.half()  # the float16 hint
+    with pytest.raises(ValueError) as raised:
+        call_reward_funcs(*args)
+    assert str(raised.value) == (
+        "Reward model 'tiny-rm' (torch.float16) gave a non-finite score (inf) for 1 of 2 completions (the first is "
+        "completion 1); a reward model's scores must be finite: float16 overflows easily: load the reward model in "
+        "float32 or bfloat16 (`dtype`), or check the model."
+    )
+    handle.remove()
+    model.float()
+    assert torch.isfinite(call_reward_funcs(*args)).all()
+
+
+@pytest.mark.parametrize("weight", [INF, -INF, NAN, "1.0", None])
+def test_reward_weights_must_be_finite_numbers(weight):
+    """Before: an inf or NaN weight was accepted (and made every advantage NaN); a str failed inside torch."""
+    with pytest.raises(ValueError) as raised:
+        load_reward_funcs([length_reward, ClassReward()], reward_weights=[1.0, weight])
+    assert str(raised.value) == (
+        f"reward_weights[1] is {weight!r} (for reward function 'ClassReward'): every reward weight must be a finite "
+        "number."
+    )
+
+
+def test_reward_trainer_refuses_inf_before_any_update(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """Before: training went on with an inf reward, grad_norm was NaN and after one optimizer step every weight of
+    the policy was NaN."""
+
+    def inf_reward(completion_ids, **kwargs):
+        return [INF if i == 3 else float(ids[0] % 5) for i, ids in enumerate(completion_ids)]
+
+    args = GRPOConfig(**grpo_kwargs)
+    trainer = GRPOTrainer(tiny_lm_path, inf_reward, args=args, train_dataset=arithmetic_dataset)
+    initial = {name: tensor.clone() for name, tensor in trainer.model.state_dict().items()}
+    with pytest.raises(ValueError) as raised:
+        trainer.train()
+    assert str(raised.value) == (
+        "Reward function 'inf_reward' returned inf for completion 3: it must return a list of 8 floats (or None), "
+        f"one per completion. {FINITE}"
+    )
+    assert trainer.state.global_step == 0
+    after = trainer.model.state_dict()
+    assert after.keys() == initial.keys()
+    assert all(torch.equal(after[name], initial[name]) for name in initial)
+
+
+# ---------------------------------------------------------------- reward-model paths that do not exist
+
+
+def test_missing_reward_model_path_says_so(tmp_path, monkeypatch):
+    """Before: `OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '...'` for an absolute
+    path, `We couldn't connect to 'https://huggingface.co' ...` for a relative one."""
+    missing = str(tmp_path / "my-reward-model")
+    with pytest.raises(PathNotFoundError) as raised:
+        load_reward_funcs(missing)
+    assert str(raised.value) == (
+        f"Reward model '{missing}' is not an existing local folder (or file) and could not be loaded from the Hugging "
+        f"Face Hub (OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{missing}'. Use "
+        "`repo_type` argument if needed.)"
+    )
+    assert isinstance(raised.value, FileNotFoundError) and isinstance(raised.value.__cause__, OSError)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PathNotFoundError) as raised:
+        load_reward_funcs("rm-typo")
+    assert str(raised.value).startswith(
+        "Reward model 'rm-typo' is not an existing local folder (or file) and could not be loaded from the Hugging "
+        "Face Hub (OSError: We couldn't connect to 'https://huggingface.co'"
+    )
+
+
+def test_existing_but_broken_reward_model_folder_keeps_its_error(tmp_path):
+    """Only a path that does not exist gets the new message: an existing folder's own error is raised unchanged."""
+    (tmp_path / "empty-rm").mkdir()
+    with pytest.raises(ValueError, match=r"^Unrecognized model in .*empty-rm\. Should have a `model_type` key"):
+        load_reward_funcs(str(tmp_path / "empty-rm"))
+
+
 # ---------------------------------------------------------------- aggregation
 
 
@@ -366,3 +589,120 @@ def test_group_advantages_is_the_shared_normaliser():
     # aggregate_rewards reuses grpo_losses.group_advantages: same numbers for one reward function.
     r = torch.tensor([1.0, 0.0, 0.5, 0.5])
     assert torch.equal(aggregate_rewards(r[:, None], torch.ones(1), 4)[0], group_advantages(r, 4))
+
+
+# ---------------------------------------------------------------- float32 overflow and one-process errors
+
+FLOAT32 = "rewards are stored as float32, whose largest value is 3.403e+38): return rewards of a smaller magnitude."
+
+
+@pytest.mark.parametrize(
+    "value, shown", [(1e39, "1e+39"), (-1e39, "-1e+39"), (np.float64(5e38), "5e+38"), (10**39, "1e+39")]
+)
+def test_reward_beyond_float32_raises_naming_the_function(value, shown):
+    """Before: `math.isinf` of the float64 passed, the float32 column held inf and every advantage was NaN."""
+    with pytest.raises(ValueError) as raised:
+        reward_column([0.0, value, 1.0, 2.0], "big", 4)
+    assert str(raised.value) == (
+        f"Reward function 'big' returned {shown} for completion 1, which does not fit in float32 (it overflows to "
+        f"inf; {FLOAT32}"
+    )
+    assert reward_column([3.4e38, -3.4e38], "big", 2) == [3.4e38, -3.4e38]  # within float32: kept
+
+
+def test_reward_beyond_float32_raises_through_call_reward_funcs():
+    def big(completions, **kwargs):
+        return [1e39] + [0.0] * (len(completions) - 1)
+
+    with pytest.raises(
+        ValueError, match=r"^Reward function 'big' returned 1e\+39 for completion 0, which does not fit"
+    ):
+        call_reward_funcs([big], ["big"], [None], ["p", "p"], ["a", "b"], [[1], [2]], {})
+
+
+def test_weighted_reward_overflow_raises_naming_the_function_and_weight():
+    """Before: 3e38 × 2.0 became inf in float32 and `aggregate_rewards` returned all-NaN advantages silently."""
+    rewards = torch.tensor([[3e38, 1.0], [0.0, 1.0], [1.0, NAN], [2.0, 3.0]])
+    weights = torch.tensor([2.0, 1.0])
+    for aggregation in ("sum_then_normalize", "normalize_then_sum"):
+        with pytest.raises(ValueError) as raised:
+            aggregate_rewards(rewards, weights, 4, multi_objective_aggregation=aggregation, reward_names=["big", "b"])
+        assert str(raised.value) == (
+            "The weighted reward overflows float32 for reward function 'big' (reward 3e+38 × weight 2): reward × "
+            "weight must stay within ±3.403e+38; use smaller rewards or reward_weights."
+        )
+    with pytest.raises(ValueError, match=r"^The weighted reward overflows float32 for reward function 0 \(reward 3e"):
+        combine_rewards(rewards, weights)  # without names: the function's index
+    assert torch.isfinite(aggregate_rewards(rewards, torch.tensor([1.0, 1.0]), 4).advantages).all()  # 3e38 × 1 fits
+
+
+def test_weighted_sum_overflow_raises_naming_the_completion():
+    rewards = torch.tensor([[3e38, 3e38], [0.0, 1.0], [1.0, NAN], [2.0, 3.0]])
+    with pytest.raises(ValueError) as raised:
+        combine_rewards(rewards, torch.tensor([1.0, 1.0]), ["a", "b"])
+    assert str(raised.value) == (
+        "The weighted sum of the rewards overflows float32 for completion 0 (weighted rewards: reward function 'a': "
+        "3e+38; reward function 'b': 3e+38): the sum must stay within ±3.403e+38; use smaller rewards or "
+        "reward_weights."
+    )
+
+
+def test_trainer_refuses_a_weighted_reward_that_overflows(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    def huge(completions, **kwargs):
+        return [3e38] * len(completions)
+
+    args = GRPOConfig(**{**grpo_kwargs, "reward_weights": [2.0]})
+    trainer = GRPOTrainer(tiny_lm_path, huge, args=args, train_dataset=arithmetic_dataset)
+    with pytest.raises(
+        ValueError, match=r"^The weighted reward overflows float32 for reward function 'huge' \(reward"
+    ):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def _bad_reward(completions, **kwargs):
+    return "oops"
+
+
+def _fine_reward(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+BAD_REWARD = (
+    "Reward function '_bad_reward' returned a str ('oops') instead of a list: it must return a list of 1 floats (or "
+    "None), one per completion."
+)
+
+
+@pytest.mark.parametrize("this_process_fails", [True, False])
+def test_reward_error_on_one_process_is_raised_on_every_process(
+    tiny_lm_path, arithmetic_dataset, grpo_kwargs, this_process_fails
+):
+    """Two processes simulated (the other's part of `gather_object` is made up); exactly one process's reward
+    function fails. Before: the process whose rewards were fine returned them and went on to `gather(rewards)`,
+    where it waited forever for the process that had raised."""
+    reward = _bad_reward if this_process_fails else _fine_reward
+    trainer = GRPOTrainer(tiny_lm_path, reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    gathered = []
+
+    def gather_object(obj):  # this process is process 1; process 0 fails when this one does not
+        gathered.append(obj)
+        return ([None] if this_process_fails else [("TypeError", BAD_REWARD)]) + obj
+
+    processes = mock.patch.object(type(trainer.accelerator), "num_processes", new_callable=mock.PropertyMock)
+    with processes as num_processes, mock.patch("trl.trainer.grpo_trainer.gather_object", gather_object):
+        num_processes.return_value = 2
+        with pytest.raises(TypeError) as raised:
+            trainer._calculate_rewards([{"prompt": "1+1="}], ["1+1="], ["2"], [[5]])
+    assert gathered == [[("TypeError", BAD_REWARD)] if this_process_fails else [None]]
+    assert str(raised.value) == (
+        BAD_REWARD if this_process_fails else f"reward function error on process 0: {BAD_REWARD}"
+    )
+
+
+def test_reward_error_on_one_process_gathers_nothing(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    trainer = GRPOTrainer(tiny_lm_path, _bad_reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+    with mock.patch("trl.trainer.grpo_trainer.gather_object", side_effect=AssertionError("gathered")):
+        with pytest.raises(TypeError) as raised:
+            trainer._calculate_rewards([{"prompt": "1+1="}], ["1+1="], ["2"], [[5]])
+    assert str(raised.value) == BAD_REWARD

@@ -1,6 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Iterative GRPO beyond the basics: LoRA reference adapter, exact resume of the synced reference, per-epoch sync."""
 
+import json
 import logging
 import os
 
@@ -301,3 +302,118 @@ def test_resume_at_an_epoch_that_ends_inside_an_accumulation_window_is_exact(mod
     assert all(torch.equal(policy_a[k], policy_c[k]) for k in policy_a)
     ref_a, ref_c = run_a._reference_tensors(), resumed._reference_tensors()
     assert all(torch.equal(ref_a[k], ref_c[k]) for k in ref_a)
+
+
+@pytest.mark.parametrize(
+    ("reuse", "use_lora"),
+    [(dict(num_iterations=2), False), (dict(steps_per_generation=2), False), (dict(num_iterations=2), True)],
+    ids=["num_iterations=2", "steps_per_generation=2", "num_iterations=2-lora"],
+)
+def test_a_sync_reaches_the_next_loss_of_a_buffered_generation_batch(model_dir, tmp_path, reuse, use_lora):
+    """α = 1 every step: each loss after a sync compares the policy with itself, so the KL is 0 at every step, also
+    for the micro-batches of a generation batch whose reference log-probs were computed before the sync (0.29 and
+    0.07 at steps 2 and 4 when they were not refreshed). With LoRA the reference is the frozen "ref" adapter."""
+    peft_config = lora_config() if use_lora else None
+    trainer = make_trainer(
+        model_dir,
+        tmp_path,
+        peft_config=peft_config,
+        ref_model_sync_steps=1,
+        gradient_accumulation_steps=1,
+        max_steps=4,
+        **reuse,
+    )
+    trainer.train()
+    kls = [log["kl"] for log in trainer.state.log_history if "kl" in log]
+    assert len(kls) == 4 and trainer.sync_callback.num_syncs == 4
+    assert max(kls) < 1e-6, kls
+
+
+def test_reference_log_probs_are_scored_again_only_after_a_sync(model_dir, tmp_path):
+    """Without syncing (or before the first sync) no micro-batch is scored twice by the reference."""
+    trainer = make_trainer(
+        model_dir, tmp_path, ref_model_sync_steps=4, gradient_accumulation_steps=1, num_iterations=2
+    )
+    passes = []
+    original = trainer._ref_per_token_logps
+
+    def counting(input_ids, *args):
+        passes.append((trainer.state.global_step, input_ids.size(0)))
+        return original(input_ids, *args)
+
+    trainer._ref_per_token_logps = counting
+    trainer.train()  # generation batches at steps 0 and 2 (each serves 2 optimizer steps); one sync, at step 4
+    assert passes == [(0, 8), (2, 8)]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        dict(ref_model_sync_strategy="steps", ref_model_sync_steps=2),
+        dict(ref_model_sync_strategy="epoch", steps_per_generation=2),
+    ],
+    ids=["steps", "epoch"],
+)
+def test_every_checkpoint_holds_the_reference_of_the_uninterrupted_run(model_dir, tmp_path, schedule):
+    """Save at every step, so saves coincide with syncs (every 2nd step; every epoch end = every 2nd step): each
+    checkpoint's reference is bitwise the one the run has after that step, and a run resumed from an epoch
+    boundary ends where the uninterrupted run does."""
+    from safetensors.torch import load_file
+
+    common = dict(
+        ref_model_mixup_alpha=0.5,
+        gradient_accumulation_steps=1,
+        max_steps=-1,
+        num_train_epochs=3,
+        dataset=make_arithmetic_dataset(4),  # 4 prompts, 2 per optimizer step: 2 steps per epoch
+        **schedule,
+    )
+    run = make_trainer(model_dir, tmp_path / "a", save_strategy="steps", save_steps=1, **common)
+    snapshots, counters = Snapshots(run), {}
+
+    class Counters(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            counters[state.global_step] = run.sync_callback.state_dict()
+
+    run.add_callback(snapshots)
+    run.add_callback(Counters())
+    run.train()
+    assert run.state.global_step == 6 and run.sync_callback.num_syncs == 3
+    assert [counters[step]["num_syncs"] for step in range(1, 7)] == [0, 1, 1, 2, 2, 3]
+    for step in range(1, 7):
+        checkpoint = tmp_path / "a" / f"checkpoint-{step}"
+        saved = load_file(str(checkpoint / REF_MODEL_FILE))
+        assert saved.keys() == snapshots.reference[step].keys()
+        assert all(torch.equal(saved[k], snapshots.reference[step][k]) for k in saved), step
+        assert json.loads((checkpoint / REF_SYNC_STATE_FILE).read_text()) == counters[step]
+
+    resumed = make_trainer(model_dir, tmp_path / "b", **common)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))
+    assert resumed.sync_callback.num_syncs == 3
+    reference, final = resumed._reference_tensors(), run._reference_tensors()
+    assert all(torch.equal(reference[k], final[k]) for k in final)
+    policy = dict(resumed.model.named_parameters())
+    assert all(torch.equal(policy[k], p) for k, p in run.model.named_parameters())
+
+
+def test_resume_from_a_batch_cut_before_a_sync_is_exact(model_dir, tmp_path):
+    """num_iterations=2, a sync every step: checkpoint-1 holds the rest of a generation batch scored by the reference
+    before the step-1 sync; the resumed run rescores it against the synced reference, as the uninterrupted run does."""
+    from trl.trainer.grpo_checkpoint import GENERATION_BUFFER_FILE
+
+    common = dict(ref_model_sync_steps=1, ref_model_mixup_alpha=0.5, gradient_accumulation_steps=1, num_iterations=2)
+    run = make_trainer(model_dir, tmp_path / "a", save_strategy="steps", save_steps=1, **common)
+    run.train()
+    checkpoint = tmp_path / "a" / "checkpoint-1"
+    buffer = torch.load(checkpoint / GENERATION_BUFFER_FILE.format(rank=0), weights_only=True)
+    saved_syncs = json.loads((checkpoint / REF_SYNC_STATE_FILE).read_text())["num_syncs"]
+    assert [batch["ref_version"] for batch in buffer["inputs"]] == [0] and saved_syncs == 1  # stale: rescored
+    resumed = make_trainer(model_dir, tmp_path / "b", **common)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.sync_callback.num_syncs == run.sync_callback.num_syncs == 4
+    reference, final = resumed._reference_tensors(), run._reference_tensors()
+    assert all(torch.equal(reference[k], final[k]) for k in final)
+    policy = dict(resumed.model.named_parameters())
+    assert all(torch.equal(policy[k], p) for k, p in run.model.named_parameters())
+    kl = [log["kl"] for log in resumed.state.log_history if "kl" in log and log["step"] > 1]
+    assert kl == [log["kl"] for log in run.state.log_history if "kl" in log and log["step"] > 1]

@@ -7,7 +7,15 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from trl import create_reference_model
-from trl.models.utils import _inference_deepspeed_config, adapter_parameters, disable_dropout_in_model
+from trl.models.utils import (
+    PathNotFoundError,
+    _inference_deepspeed_config,
+    adapter_parameters,
+    disable_dropout_in_model,
+    explain_missing_path,
+    load_policy,
+    load_tokenizer,
+)
 
 
 def test_create_reference_model_is_a_frozen_bitwise_copy(tiny_lm_path):
@@ -129,3 +137,66 @@ def test_zero3_reference_is_loaded_with_the_policys_from_pretrained_kwargs(tiny_
     assert kwargs["config"] is policy.config and kwargs["dtype"] == policy.dtype == torch.float32
     assert kwargs["quantization_config"].dequantize is True  # dense GGUF weights, like the policy's
     assert all(not p.requires_grad for p in reference.parameters()) and not reference.training
+
+
+# ---------------------------------------------------------------- paths that do not exist
+
+
+def _args(**overrides):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model_init_kwargs=None, trust_remote_code=False, gradient_checkpointing=False, **overrides)
+
+
+def test_load_policy_missing_path_says_it_does_not_exist(tmp_path, monkeypatch):
+    """Before: `OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name'` for an absolute path and
+    `OSError: We couldn't connect to 'https://huggingface.co' to load the files ...` for a relative one."""
+    missing = str(tmp_path / "checkpoints" / "step-100")
+    with pytest.raises(PathNotFoundError) as raised:
+        load_policy(missing, _args())
+    assert str(raised.value) == (
+        f"Model '{missing}' is not an existing local folder (or file) and could not be loaded from the Hugging Face "
+        f"Hub (OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{missing}'. Use "
+        "`repo_type` argument if needed.)"
+    )
+    assert isinstance(raised.value, FileNotFoundError)  # and so an OSError, like the loader's own error
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PathNotFoundError) as raised:
+        load_policy("my_model", _args())
+    assert str(raised.value) == (
+        "Model 'my_model' is not an existing local folder (or file) and could not be loaded from the Hugging Face "
+        "Hub (OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in "
+        "the cached files.)"
+    )
+
+
+def test_load_tokenizer_missing_path_says_it_does_not_exist(tiny_lm_path, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path)
+    assert load_tokenizer(model, _args()).pad_token is not None  # the saved one loads as before
+    moved = str(tmp_path / "moved")
+    model.config._name_or_path = moved
+    with pytest.raises(PathNotFoundError) as raised:
+        load_tokenizer(model, _args())
+    assert str(raised.value).startswith(
+        f"Tokenizer '{moved}' is not an existing local folder (or file) and could not be loaded from the Hugging "
+        "Face Hub (OSError: "
+    )
+    model.config._name_or_path = ""  # built in memory: no saved tokenizer anywhere
+    with pytest.raises(ValueError) as raised:
+        load_tokenizer(model, _args())
+    assert str(raised.value) == (
+        "The model was not loaded from a path (its `config._name_or_path` is empty), so there is no saved tokenizer "
+        "to load: pass `processing_class`."
+    )
+
+
+def test_explain_missing_path_leaves_existing_paths_and_other_errors_alone(tmp_path):
+    with pytest.raises(OSError, match="^disk on fire$") as raised:  # the path exists: unchanged
+        with explain_missing_path(str(tmp_path)):
+            raise OSError("disk on fire")
+    assert type(raised.value) is OSError
+    with pytest.raises(KeyError):  # not a loading error: unchanged
+        with explain_missing_path(str(tmp_path / "missing")):
+            raise KeyError("x")
+    with explain_missing_path(str(tmp_path / "missing")):  # nothing raised: nothing to explain
+        pass

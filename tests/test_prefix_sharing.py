@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer import grpo_scoring
 from trl.trainer.grpo_scoring import score_completions
-from trl.trainer.prefix_sharing import scoring_sharing_blocker
+from trl.trainer.prefix_sharing import rope_sharing_blocker, scoring_sharing_blocker, split_lengths
 
 
 PACKAGE_MIN_SHARED_PREFIX_TOKENS = grpo_scoring.MIN_SHARED_PREFIX_TOKENS  # read before any test patches it
@@ -283,3 +283,169 @@ def test_short_prompts_are_scored_in_one_plain_pass(model):
         score_completions(model, ids, mask, length, 1.0, share_prefix=True, min_prefix_tokens=5)
         assert len(shapes) == 3  # 5 tokens before the last: shared
     assert PACKAGE_MIN_SHARED_PREFIX_TOKENS == 16
+
+
+ROPE_TYPES = ["default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional"]
+LENGTH_SCALED = {"dynamic", "longrope"}  # their frequencies follow max(position_ids) + 1 of each forward
+MAX_POSITIONS, ORIGINAL_MAX_POSITIONS, HEAD_DIM = 16, 8, 8
+
+
+def _rope_llama(rope_type):
+    """A random 2-layer Llama with the given RoPE (transformers 5.x spells it `rope_parameters`): scaling above
+    `original_max_position_embeddings` = 8 (`longrope`, `yarn`, `llama3`) or `max_position_embeddings` = 16
+    (`dynamic`); weights large enough that a change of frequencies shows in the log-probs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    params = {"rope_type": rope_type, "rope_theta": 10000.0}
+    original = {"original_max_position_embeddings": ORIGINAL_MAX_POSITIONS}
+    params.update(
+        {
+            "linear": {"factor": 4.0},
+            "dynamic": {"factor": 4.0},
+            "yarn": {"factor": MAX_POSITIONS / ORIGINAL_MAX_POSITIONS, **original},
+            "longrope": {
+                "short_factor": [1.0 + 0.1 * i for i in range(HEAD_DIM // 2)],
+                "long_factor": [2.0 + 0.5 * i for i in range(HEAD_DIM // 2)],
+                "factor": MAX_POSITIONS / ORIGINAL_MAX_POSITIONS,
+                **original,
+            },
+            "llama3": {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, **original},
+            "proportional": {"partial_rotary_factor": 0.5},
+        }.get(rope_type, {})
+    )
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POSITIONS,
+        initializer_range=0.2,
+        rope_parameters=params,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_every_rope_type_of_transformers_is_covered():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    assert set(ROPE_TYPES) == {"default", *ROPE_INIT_FUNCTIONS}
+
+
+@pytest.mark.parametrize(
+    "prompt_length, completion_length",
+    [
+        (6, 14),  # prompt pass: 5 positions (< 8); whole sequence: 20 (> 16): across both limits
+        (12, 3),  # prompt pass: 11 (> 8); whole sequence: 15 (< 16): on one side of each limit
+    ],
+)
+@pytest.mark.parametrize("rope_type", ROPE_TYPES)
+def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, completion_length):
+    """Where a RoPE rescales with the sequence length and the prompt pass would see other frequencies than the
+    whole sequence, the pass runs plain (bitwise the plain result); everywhere else it shares, within 1e-5."""
+    model = _rope_llama(rope_type)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(1, 64, (2, prompt_length), generator=g).repeat_interleave(3, 0)
+    ids = torch.cat([prompts, torch.randint(1, 64, (6, completion_length), generator=g)], 1)
+    mask = torch.ones_like(ids)
+    mask[:3, :2] = 0  # a left-padded prompt
+    blocked = rope_type in LENGTH_SCALED and completion_length == 14
+    grpo_scoring._LOGGED_BLOCKERS.clear()
+    with torch.no_grad(), patch.object(grpo_scoring.logger, "info") as info:
+        plain = score_completions(model, ids, mask, completion_length, 1.0).per_token_logps
+        shapes = _record_forward_shapes(model)
+        shared = score_completions(model, ids, mask, completion_length, 1.0, share_prefix=True).per_token_logps
+        score_completions(model, ids, mask, completion_length, 1.0, share_prefix=True)
+    assert (shared - plain).abs().max() <= 1e-5
+    if blocked:
+        assert shapes == [tuple(ids.shape)] * 2
+        assert torch.equal(shared, plain)
+        info.assert_called_once_with(
+            f"shared_prefix_scoring: some log-prob passes run plain ({rope_type} RoPE, whose frequencies depend on "
+            "the sequence length)."
+        )
+    else:
+        assert shapes[:2] == [(2, prompt_length - 1), (6, completion_length + 1)]  # it shared
+        info.assert_not_called()
+    reason = f"{rope_type} RoPE, whose frequencies depend on the sequence length"
+    assert scoring_sharing_blocker(model) is None  # the RoPE is decided per pass, from its lengths
+    lengths = torch.ones(2, 20, dtype=torch.long)
+    lengths[1, :3] = 0  # the longer row decides: a prompt pass over 5 positions, a forward over 20
+    assert split_lengths(lengths, 6) == (5, 20)
+    assert rope_sharing_blocker(model, 5, 20) == (reason if rope_type in LENGTH_SCALED else None)
+
+
+def test_split_lengths_counts_the_attended_tokens_of_the_longest_row():
+    """The positions the prompt pass (the first P - 1 columns) and the whole forward reach: `max(position_ids) + 1`
+    as scoring numbers them, so scoring and generation decide the RoPE check on the same numbers."""
+    from trl.trainer.prefix_sharing import position_ids_from_mask
+
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]])
+    for prompt_length in (2, 3, 4, 5):
+        prefix, total = split_lengths(mask, prompt_length)
+        assert prefix == int(position_ids_from_mask(mask[:, : prompt_length - 1]).max()) + 1
+        assert total == int(position_ids_from_mask(mask).max()) + 1 == 5
+    assert split_lengths(mask, 4) == (3, 5)
+
+
+def test_prompt_pass_runs_inside_the_data_parallel_wrapper(model):
+    """Under DDP each wrapped forward broadcasts buffers, and ranks decide on sharing from their own data: the prompt
+    pass runs on the wrapped module, so a shared pass makes one wrapped forward, as a plain one does (here
+    `nn.DataParallel`, which on CPU calls its module as DDP does). Same values and gradients as one plain pass."""
+    wrapper = torch.nn.DataParallel(model)
+    calls = []
+    wrapper.register_forward_pre_hook(lambda module, args: calls.append(1))
+    ids, mask, length = _batch(model.config.vocab_size)
+    plain = _score_and_grads(wrapper, ids, mask, length, share=False)
+    assert len(calls) == 1
+    shapes = _record_forward_shapes(model)
+    shared = _score_and_grads(wrapper, ids, mask, length, share=True)
+    assert len(calls) == 2 and shapes == [(2, ids.size(1) - length - 1), (ids.size(0), length + 1)]
+    torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
+    for name, grad in plain[2].items():
+        torch.testing.assert_close(shared[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
+
+
+@pytest.mark.parametrize("rope_type", ROPE_TYPES)
+def test_shared_prefix_generation_is_exact_for_every_rope_type(rope_type):
+    """`generate` prefills the prompt in one forward; with a shared prefix the prompt pass sees all but the last
+    prompt token and generate's first step the whole prompt. Seeded sampling with the logits of every step: equal
+    draws and logits within 1e-5 against plain `generate`, at prompt lengths where the two passes would see other
+    RoPE frequencies (longrope: 9 tokens, just over its limit of 8; dynamic: 17 > 16) and at one where they do not."""
+    from transformers import GenerationConfig
+
+    from trl.trainer.grpo_generation import sample_completions
+
+    config = GenerationConfig(
+        max_new_tokens=6, do_sample=True, top_k=0, pad_token_id=0, eos_token_id=None, disable_compile=True,
+        return_dict_in_generate=True, output_logits=True,
+    )  # fmt: skip
+    batches = []
+    for prompt_length in (ORIGINAL_MAX_POSITIONS + 1, MAX_POSITIONS + 1, 5):
+        ids = torch.randint(1, 64, (2, prompt_length), generator=torch.Generator().manual_seed(0))
+        ids, mask = ids.repeat_interleave(3, 0), torch.ones(6, prompt_length, dtype=torch.long)
+        outputs = {}
+        for implementation in ("generate", "shared_prefix"):
+            # a fresh model each time: `dynamic` keeps the frequencies a longer forward grew, so even two plain
+            # `generate` calls on one model can differ (transformers' own behaviour)
+            model = _rope_llama(rope_type)
+            generate = model.generate
+            model.generate = lambda generate=generate, **kwargs: (
+                outputs.setdefault(implementation, generate(**kwargs)).sequences
+            )
+            torch.manual_seed(0)
+            sample_completions(model, ids, mask, config, implementation)
+        plain, shared = outputs["generate"], outputs["shared_prefix"]
+        assert torch.equal(plain.sequences, shared.sequences)
+        for a, b in zip(plain.logits, shared.logits, strict=True):
+            assert (a - b).abs().max() <= 1e-5, (prompt_length, (a - b).abs().max())
+        batches.append((prompt_length, model, ids, mask))
+    from trl.trainer.grpo_generation import shared_prefix_blocker
+
+    crosses = {"longrope": ORIGINAL_MAX_POSITIONS + 1, "dynamic": MAX_POSITIONS + 1}.get(rope_type)
+    for prompt_length, model, ids, mask in batches:  # plain generate exactly where the two passes would differ
+        blocker = shared_prefix_blocker(model, ids, mask, config)
+        assert (blocker is not None) == (prompt_length == crosses), blocker

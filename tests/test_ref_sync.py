@@ -117,6 +117,42 @@ def test_floating_buffers_synced_integer_buffers_untouched():
     assert torch.equal(reference.count, torch.tensor([2, 3]))
 
 
+class WithDerivedBuffer(WithBuffers):
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.register_buffer("derived", torch.full((4,), float(seed)), persistent=False)
+
+
+def test_non_persistent_buffers_are_left_to_their_model():
+    policy, reference = WithDerivedBuffer(1), WithDerivedBuffer(2)
+    pol, ref = pair_for_sync(policy, reference).local_parts()
+    assert len(pol) == len(ref) == 3  # weight, bias, running_mean: not the derived buffer
+    sync_reference_model(policy, reference, 0.5)
+    assert torch.equal(reference.derived, torch.full((4,), 2.0))  # not a lerp of the two models' derived values
+    sync_reference_model(policy, reference, 1.0)
+    assert torch.equal(reference.derived, torch.full((4,), 2.0))
+    assert torch.equal(reference.running_mean, policy.running_mean)
+
+
+def test_dynamic_ntk_policy_with_aliased_frequencies_syncs(tokenizer):
+    """Dynamic-NTK RoPE re-points `inv_freq` at `original_inv_freq` after a long then a short input: the policy then
+    lists one buffer less than the reference; a sync mixes the weights and leaves both frequency sets alone."""
+    rope = {"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0}
+    policy = make_qwen(tokenizer, 1, max_position_embeddings=8, rope_parameters=rope)
+    reference = make_qwen(tokenizer, 2, max_position_embeddings=8, rope_parameters=rope)
+    frequencies = reference.model.rotary_emb.inv_freq.clone()
+    with torch.no_grad():
+        policy(torch.randint(5, 50, (1, 20)))  # longer than max_position_embeddings: frequencies rescaled
+        policy(torch.randint(5, 50, (1, 4)))  # short again: reset, `inv_freq` aliases `original_inv_freq`
+    rotary = policy.model.rotary_emb
+    assert rotary.inv_freq is rotary.original_inv_freq  # the aliasing that made the sync raise
+    sync_reference_model(policy, reference, 0.5)
+    sync_reference_model(policy, reference, 1.0)
+    for name, parameter in policy.named_parameters():
+        assert torch.equal(reference.get_parameter(name), parameter), name
+    assert torch.equal(reference.model.rotary_emb.inv_freq, frequencies)
+
+
 def _pair_of_mlps(seed: int = 0) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(seed)
     policy = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 3))

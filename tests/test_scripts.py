@@ -1,14 +1,19 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""`trl grpo`: flags, YAML config, local dataset formats, reward-function resolution."""
+"""`trl grpo`: flags, YAML config, local dataset formats, reward-function resolution, configuration errors."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import yaml
 
 from trl.cli import main as cli_main
 from trl.models.tiny import build_tiny_causal_lm
+from trl.models.utils import PathNotFoundError
 from trl.scripts.grpo import main as grpo_main
 from trl.scripts.grpo import resolve_reward_func
-from trl.scripts.utils import load_dataset_from_path
+from trl.scripts.utils import load_dataset_from_path, one_line
 from trl.tasks import accuracy_reward, arithmetic_corpus, make_arithmetic_dataset
 
 
@@ -129,12 +134,43 @@ def test_cli_rejects_unknown_yaml_key(tmp_path):
         grpo_main(["--config", str(path)])
 
 
+def test_cli_config_file_errors(tmp_path):
+    """Before: FileNotFoundError with errno text, IndexError for a trailing `--config`, yaml's ScannerError, and
+    "Unknown keys in the config file: [1, 2]" for a YAML list."""
+    listed, broken = tmp_path / "list.yaml", tmp_path / "broken.yaml"
+    listed.write_text("- 1\n- 2\n")
+    broken.write_text("beta: [0.1\n")
+    with pytest.raises(PathNotFoundError, match=r"^The config file '.*missing\.yaml' does not exist\.$"):
+        grpo_main(["--config", str(tmp_path / "missing.yaml")])
+    with pytest.raises(ValueError, match=r"^--config needs the path of a YAML file: `--config FILE\.yaml`\.$"):
+        grpo_main(["--config"])
+    with pytest.raises(
+        ValueError, match=r"^The config file '.*list\.yaml' must hold a mapping of flag names to values"
+    ):
+        grpo_main(["--config", str(listed)])
+    with pytest.raises(
+        ValueError, match=r"^The config file '.*broken\.yaml' is not valid YAML \((Scanner|Parser)Error: "
+    ):
+        grpo_main(["--config", str(broken)])
+
+
 def test_resolve_reward_func(tmp_path):
     assert resolve_reward_func("accuracy_reward") is accuracy_reward
     assert resolve_reward_func("trl.tasks.arithmetic:closeness_reward").__name__ == "closeness_reward"
     assert resolve_reward_func(str(tmp_path)) == str(tmp_path)
     with pytest.raises(ValueError, match="Unknown reward function 'nope'"):
         resolve_reward_func("nope")
+    # Before: ModuleNotFoundError / AttributeError from importlib, with a traceback in the CLI.
+    with pytest.raises(ValueError) as raised:
+        resolve_reward_func("no_such_module_xyz:reward")
+    assert str(raised.value) == (
+        "Cannot import the module of reward function 'no_such_module_xyz:reward': No module named 'no_such_module_xyz'"
+    )
+    with pytest.raises(ValueError) as raised:
+        resolve_reward_func("trl.tasks.arithmetic:nope")
+    assert str(raised.value) == (
+        "Reward function 'trl.tasks.arithmetic:nope': module 'trl.tasks.arithmetic' has no function 'nope'."
+    )
 
 
 def test_console_script_usage(capsys):
@@ -159,3 +195,167 @@ def test_shipped_example_yaml_parses():
     assert training_args.beta == 0.5 and training_args.max_completion_length == 1
     assert training_args.sync_ref_model and training_args.ref_model_sync_steps == 25
     assert training_args.max_steps == 7  # the flag overrides the file
+
+
+# ---------------------------------------------------------------- configuration errors: one line, exit status 2
+
+
+def test_missing_dataset_path_says_it_does_not_exist(tmp_path, monkeypatch):
+    """Before: `FileNotFoundError: Couldn't find any data file at ...` (absolute) or `ConnectionError: Couldn't reach
+    'data.jsonl' on the Hub (OfflineModeIsEnabled)` (relative, a typo in the current folder)."""
+    missing = str(tmp_path / "data.jsonl")
+    with pytest.raises(PathNotFoundError) as raised:
+        load_dataset_from_path(missing)
+    assert str(raised.value) == (
+        f"Dataset '{missing}' is not an existing local folder (or file) and could not be loaded from the Hugging Face "
+        f"Hub (FileNotFoundError: Couldn't find any data file at {missing}.)"
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PathNotFoundError) as raised:
+        load_dataset_from_path("data.jsonl")
+    assert str(raised.value) == (
+        "Dataset 'data.jsonl' is not an existing local folder (or file) and could not be loaded from the Hugging Face "
+        "Hub (ConnectionError: Couldn't reach 'data.jsonl' on the Hub (OfflineModeIsEnabled))"
+    )
+
+
+def test_one_line_joins_a_config_error_list():
+    error = ValueError("Invalid GRPOConfig:\n- beta must be >= 0 (got -1.0).\n- temperature must be > 0 (got 0.0).")
+    assert one_line(error) == "Invalid GRPOConfig: beta must be >= 0 (got -1.0). temperature must be > 0 (got 0.0)."
+    assert one_line(ValueError("a\n- b\n- c")) == "a b; c"
+    assert one_line(FileNotFoundError()) == "FileNotFoundError"
+
+
+@pytest.fixture
+def data_path(tmp_path):
+    path = str(tmp_path / "d.jsonl")
+    make_arithmetic_dataset(8).to_json(path)
+    return path
+
+
+def cli_argv(model_dir, data_path, tmp_path, *extra):
+    # --activation_checkpointing: transformers 5 warns about the deprecated `gradient_checkpointing` otherwise (see
+    # COMMON), which would add a FutureWarning line to stderr.
+    paths = ["--model_name_or_path", model_dir, "--dataset_name", data_path, "--output_dir", str(tmp_path / "o")]
+    flags = ["--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--activation_checkpointing", "false"]
+    sizes = [
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "4",
+        "--max_steps",
+        "1",
+    ]
+    return ["grpo", *paths, *flags, *sizes, *extra]
+
+
+def test_cli_config_errors_are_one_line(tmp_path, model_dir, data_path, capsys):
+    """In process: `trl.cli.main` returns 2 and prints one `trl grpo: error:` line (the last line of stderr: the
+    cases that load the policy first also show its loading progress bar)."""
+    missing = str(tmp_path / "nowhere")
+    cases = [
+        (
+            ["--num_generations", "3"],
+            "Invalid GRPOConfig: The generation batch (4 completions = per_device_train_batch_size 4 × 1 processes × "
+            "steps_per_generation 1) must be divisible by num_generations (3): change per_device_train_batch_size, "
+            "steps_per_generation or num_generations.",
+        ),
+        (
+            ["--beta", "-1", "--temperature", "0"],
+            "Invalid GRPOConfig: beta must be >= 0 (got -1.0). temperature must be > 0 (got 0.0).",
+        ),
+        (
+            ["--reward_funcs", "accuracy_rewards"],
+            "Unknown reward function 'accuracy_rewards': use one of ['accuracy_reward', 'answer_reward', "
+            "'closeness_reward'], 'module:function' or a reward-model folder.",
+        ),
+        (["--config", missing + ".yaml"], f"The config file '{missing}.yaml' does not exist."),
+        (
+            ["--reward_weights", "inf"],
+            "reward_weights[0] is inf (for reward function 'accuracy_reward'): every reward weight must be a finite "
+            "number.",
+        ),
+        (
+            ["--dataset_test_split", "test"],
+            f"The dataset '{data_path}' has no split 'test'; its splits are ['train'].",
+        ),
+        (["--model_init_kwargs", "[1]"], "--model_init_kwargs must be a JSON object, got [1]."),
+    ]
+    for extra, message in cases:
+        assert cli_main(cli_argv(model_dir, data_path, tmp_path, *extra)) == 2, extra
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert [line for line in err.splitlines() if line.strip()][-1] == f"trl grpo: error: {message}", extra
+    argv = cli_argv(model_dir, data_path, tmp_path)
+    argv[2] = missing
+    assert cli_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"trl grpo: error: Model '{missing}' is not an existing local folder (or file) and could not be loaded from "
+        f"the Hugging Face Hub (OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+        f"'{missing}'. Use `repo_type` argument if needed.)\n"
+    )
+
+
+def run_cli(argv, **env):
+    return subprocess.run(
+        [sys.executable, "-m", "trl.cli", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **env},
+        timeout=300,
+    )
+
+
+def test_trl_grpo_config_error_prints_one_line_and_exits_2(tmp_path, model_dir, data_path):
+    """Before: exit status 1 and a 24-line traceback on stderr."""
+    done = run_cli(cli_argv(model_dir, data_path, tmp_path, "--beta", "-1"))
+    assert done.returncode == 2
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [
+        "trl grpo: error: Invalid GRPOConfig: beta must be >= 0 (got -1.0)."
+    ]
+    missing = str(tmp_path / "prompts.jsonl")
+    done = run_cli(cli_argv(model_dir, missing, tmp_path))
+    assert done.returncode == 2
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [
+        f"trl grpo: error: Dataset '{missing}' is not an existing local folder (or file) and could not be loaded from "
+        f"the Hugging Face Hub (FileNotFoundError: Couldn't find any data file at {missing}.)"
+    ]
+
+
+def test_traceback_on_request(tmp_path, model_dir, data_path):
+    argv = cli_argv(model_dir, data_path, tmp_path, "--beta", "-1")
+    done = run_cli(argv, TRL_TRACEBACK="1")
+    assert done.returncode == 1
+    assert "Traceback (most recent call last):" in done.stderr and "trl grpo: error:" not in done.stderr
+    assert done.stderr.rstrip().endswith("ValueError: Invalid GRPOConfig:\n- beta must be >= 0 (got -1.0).")
+    # `--traceback` before or after the command: the error is raised as it is (in process: to the caller)
+    for flagged in (["--traceback", *argv], [*argv, "--traceback"]):
+        with pytest.raises(ValueError, match=r"^Invalid GRPOConfig:\n- beta must be >= 0 \(got -1.0\)\.$"):
+            cli_main(flagged)
+
+
+def test_traceback_help_is_documented(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["grpo", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "prints one line `trl grpo: error: <message>` to stderr and exits with status 2; add --traceback" in help_text
+    )
+    assert "or set TRL_TRACEBACK=1, to see its full traceback" in help_text
+    cli_main(["--help"])
+    assert "--traceback   show the full traceback of a configuration error" in capsys.readouterr().out
+
+
+def test_errors_during_training_keep_their_traceback(tmp_path, model_dir, data_path, monkeypatch):
+    """Only errors raised before training are shortened: a reward function returning inf raises from `train`."""
+    (tmp_path / "my_rewards.py").write_text(
+        "def inf_reward(completions, **kwargs):\n    return [float('inf')] * len(completions)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = cli_argv(
+        model_dir, data_path, tmp_path, "--reward_funcs", "my_rewards:inf_reward", "--num_generations", "4"
+    )
+    with pytest.raises(ValueError, match=r"^Reward function 'inf_reward' returned inf for completion 0: it must"):
+        cli_main(argv)

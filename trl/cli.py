@@ -1,5 +1,11 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""The `trl` console script: `trl grpo [flags] [--config file.yaml]` and `trl convert-gguf`."""
+"""The `trl` console script: `trl grpo [flags] [--config file.yaml]` and `trl convert-gguf`.
+
+A configuration error of `trl grpo` (raised while parsing the flags, loading the dataset or building the trainer)
+prints one line, `trl grpo: error: <message>`, to stderr and exits with status 2, as argparse does for a bad flag.
+`--traceback` (before or after the command) or `TRL_TRACEBACK=1` shows the full traceback instead. Errors raised
+during training are never shortened.
+"""
 
 import argparse
 import os
@@ -7,10 +13,21 @@ import sys
 
 
 COMMANDS = ("grpo", "convert-gguf")
-USAGE = """usage: trl {grpo,convert-gguf} ...
+USAGE = """usage: trl {grpo,convert-gguf} ... [--traceback]
 
   grpo          train with (iterative) GRPO; `trl grpo --help` lists every flag
-  convert-gguf  write a GGUF checkpoint as a plain Hugging Face folder; `trl convert-gguf --help`"""
+  convert-gguf  write a GGUF checkpoint as a plain Hugging Face folder; `trl convert-gguf --help`
+
+  --traceback   show the full traceback of a configuration error (also: TRL_TRACEBACK=1), which is otherwise
+                printed as one line `trl grpo: error: <message>` (exit status 2)"""
+# What `trl grpo` reports as one line when raised before training starts (PathNotFoundError is a FileNotFoundError).
+CONFIG_ERRORS = (ValueError, FileNotFoundError)
+TRACEBACK_FLAG, TRACEBACK_ENV = "--traceback", "TRL_TRACEBACK"
+
+
+def wants_traceback(argv: list[str]) -> bool:
+    """`--traceback` is in `argv` or `TRL_TRACEBACK` is set to something other than "", "0", "false" or "no"."""
+    return TRACEBACK_FLAG in argv or os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def convert_gguf_main(argv: list[str]) -> None:
@@ -47,6 +64,8 @@ def convert_gguf_main(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    show_traceback = wants_traceback(argv)
+    argv = [arg for arg in argv if arg != TRACEBACK_FLAG]
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         asked = bool(argv) and argv[0] in ("-h", "--help")
         if argv and not asked:
@@ -56,9 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "convert-gguf":
         convert_gguf_main(argv[1:])
         return 0
-    from .scripts.grpo import main as grpo_main
+    from .scripts.grpo import build_trainer, train
+    from .scripts.utils import one_line
 
-    grpo_main(argv[1:])
+    try:
+        trainer = build_trainer(argv[1:])
+    except CONFIG_ERRORS as error:
+        if show_traceback:
+            raise
+        print(f"trl grpo: error: {one_line(error)}", file=sys.stderr)
+        return 2
+    train(trainer)
     return 0
 
 

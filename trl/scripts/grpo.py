@@ -4,14 +4,18 @@
 Example:
     trl grpo --model_name_or_path ./tiny --dataset_name prompts.jsonl --reward_funcs accuracy_reward \
         --sync_ref_model --ref_model_sync_steps 25 --ref_model_mixup_alpha 0.6 --output_dir out
+
+`main` raises every error (for use from Python); the `trl grpo` command (`trl.cli`) turns a configuration error
+raised by `build_trainer` into one `trl grpo: error: ...` line.
 """
 
 import importlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 
-from trl.scripts.utils import ScriptArguments, TrlParser, load_dataset_from_path
+from trl.scripts.utils import ScriptArguments, TrlParser, dataset_split, load_dataset_from_path
 from trl.tasks import arithmetic
 from trl.trainer import GRPOConfig, GRPOTrainer
 
@@ -53,13 +57,19 @@ def resolve_reward_func(name: str):
     """A built-in reward name, an importable `module:function`, or else a reward-model path (kept as a string).
 
     Raises:
-        ValueError: if `name` is none of these.
+        ValueError: if `name` is none of these, or its module cannot be imported or has no such function.
     """
     if name in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[name]
     if ":" in name:
-        module, function = name.split(":", 1)
-        return getattr(importlib.import_module(module), function)
+        module_name, function = name.split(":", 1)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ValueError(f"Cannot import the module of reward function {name!r}: {error}") from error
+        if not callable(getattr(module, function, None)):
+            raise ValueError(f"Reward function {name!r}: module {module_name!r} has no function {function!r}.")
+        return getattr(module, function)
     if os.path.isdir(name):
         return name
     raise ValueError(
@@ -67,20 +77,44 @@ def resolve_reward_func(name: str):
     )
 
 
-def main(argv: list[str] | None = None) -> GRPOTrainer:
-    parser = TrlParser(
+TRACEBACK_HELP = (
+    "A configuration error (a flag value GRPOConfig rejects, a missing model, dataset or config file, an unknown "
+    "reward function) prints one line `trl grpo: error: <message>` to stderr and exits with status 2; add "
+    "--traceback anywhere on the command line, or set TRL_TRACEBACK=1, to see its full traceback. Errors raised "
+    "during training always show their traceback."
+)
+
+
+def make_parser() -> TrlParser:
+    return TrlParser(
         (GRPOScriptArguments, GRPOConfig, ModelConfig),
         prog="trl grpo",
         description="Train with (iterative) GRPO. `--config FILE.yaml` reads any of the flags below from a YAML file; "
         "flags given on the command line override it.",
+        epilog=TRACEBACK_HELP,
     )
-    script_args, training_args, model_args = parser.parse_args_and_config(argv)
+
+
+def build_trainer(argv: list[str] | None = None) -> GRPOTrainer:
+    """Parse `argv` (default `sys.argv[1:]`), load the dataset and build the trainer, without training.
+
+    Raises:
+        ValueError, FileNotFoundError: for a configuration error (what `trl grpo` prints as one line).
+    """
+    script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
+    reward_funcs = [resolve_reward_func(name) for name in script_args.reward_funcs]  # before the slow loading
     model_init_kwargs = {"revision": model_args.model_revision}  # trust_remote_code is a GRPOConfig field, as in TRL
     for key in ("dtype", "attn_implementation"):
         if getattr(model_args, key) is not None:
             model_init_kwargs[key] = getattr(model_args, key)
     given = training_args.model_init_kwargs or {}  # `--model_init_kwargs '{"gguf_file": ...}'` arrives as JSON text
-    given = json.loads(given) if isinstance(given, str) else given
+    if isinstance(given, str):
+        try:
+            given = json.loads(given)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--model_init_kwargs must be a JSON object, got {given!r} ({error}).") from error
+    if not isinstance(given, dict):
+        raise ValueError(f"--model_init_kwargs must be a JSON object, got {given!r}.")
     training_args.model_init_kwargs = {**model_init_kwargs, **given}
     peft_config = None
     if model_args.use_peft:
@@ -93,19 +127,32 @@ def main(argv: list[str] | None = None) -> GRPOTrainer:
             target_modules=model_args.lora_target_modules or "all-linear",
             task_type="CAUSAL_LM",
         )
-    dataset = load_dataset_from_path(script_args.dataset_name, script_args.dataset_config)
-    trainer = GRPOTrainer(
+    name = script_args.dataset_name
+    dataset = load_dataset_from_path(name, script_args.dataset_config)
+    test_split = script_args.dataset_test_split
+    return GRPOTrainer(
         model=model_args.model_name_or_path,
-        reward_funcs=[resolve_reward_func(name) for name in script_args.reward_funcs],
+        reward_funcs=reward_funcs,
         args=training_args,
-        train_dataset=dataset[script_args.dataset_train_split],
-        eval_dataset=dataset[script_args.dataset_test_split] if script_args.dataset_test_split else None,
+        train_dataset=dataset_split(dataset, script_args.dataset_train_split, name),
+        eval_dataset=dataset_split(dataset, test_split, name) if test_split else None,
         peft_config=peft_config,
     )
+
+
+def train(trainer: GRPOTrainer) -> GRPOTrainer:
+    """Train, then save the model to `output_dir`."""
     trainer.train()
-    trainer.save_model(training_args.output_dir)
+    trainer.save_model(trainer.args.output_dir)
     return trainer
 
 
+def main(argv: list[str] | None = None) -> GRPOTrainer:
+    """`trl grpo` as a function: build the trainer from `argv`, train, save; every error is raised."""
+    return train(build_trainer(argv))
+
+
 if __name__ == "__main__":
-    main()
+    from trl.cli import main as cli_main
+
+    sys.exit(cli_main(["grpo", *sys.argv[1:]]))

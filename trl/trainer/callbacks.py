@@ -2,10 +2,17 @@
 """Trainer callbacks: *when* the reference model is synced with the policy (`SyncRefModelCallback`) and *when* the
 reward models are refreshed (`RewardModelRefreshCallback`)."""
 
+import math
+
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import has_length
+from transformers.utils import logging
 
 from .ref_sync import ReferenceSync, pair_for_sync, sync_reference_model
+
+
+logger = logging.get_logger(__name__)
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -13,10 +20,13 @@ class SyncRefModelCallback(TrainerCallback):
 
     With `ref_model_sync_strategy="steps"` (default) the sync runs at the end of every `ref_model_sync_steps`-th
     optimizer step (after the optimizer update; micro-batches of gradient accumulation do not count); with
-    `"epoch"` it runs at the end of every epoch. α is `ref_model_mixup_alpha`. α = 1 is Algorithm 1 of DeepSeekMath
+    `"epoch"` it runs at the end of the optimizer step that completes each epoch (an epoch cut short by `max_steps`
+    does not sync). Either way it runs before that step's checkpoint is saved, and `on_train_begin` warns when the
+    schedule leaves no sync in the run. α is `ref_model_mixup_alpha`. α = 1 is Algorithm 1 of DeepSeekMath
     (arXiv 2402.03300); 0 < α < 1 is the soft update of TR-DPO (arXiv 2404.09656). How the tensors are mixed
     (float32 maths, one rounding, fused kernels; local ZeRO-3 partitions and FSDP2 shards mixed without communication)
-    is `trl.trainer.ref_sync`'s job.
+    is `trl.trainer.ref_sync`'s job. `num_syncs` is also the reference's version: [`GRPOTrainer`] rescores buffered
+    reference log-probs computed at an older one before their loss.
 
     [`GRPOTrainer`] registers exactly one instance when `sync_ref_model=True`; you do not need to add it.
 
@@ -73,17 +83,38 @@ class SyncRefModelCallback(TrainerCallback):
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.num_syncs, self.last_sync_step = int(state["num_syncs"]), int(state["last_sync_step"])
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs):
-        if (
-            getattr(args, "ref_model_sync_strategy", "steps") == "steps"
-            and state.global_step % args.ref_model_sync_steps == 0
-        ):
-            self.sync(args, state, model)
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        """Warn when the schedule leaves no sync in this run (the reference then stays the initial model)."""
+        steps = state.max_steps
+        if getattr(args, "ref_model_sync_strategy", "steps") == "steps":
+            tau = args.ref_model_sync_steps
+            if steps > 0 and steps // tau == state.global_step // tau:
+                logger.warning(
+                    f"ref_model_sync_steps={tau} but the run ends at optimizer step {steps} (now at "
+                    f"{state.global_step}): no sync will happen, so the reference stays where it is, as with "
+                    f"sync_ref_model=False. Set ref_model_sync_steps to at most {max(steps - state.global_step, 1)}."
+                )
+            return
+        dataloader = kwargs.get("train_dataloader")
+        batches = len(dataloader) if dataloader is not None and has_length(dataloader) else None
+        if batches and steps > 0 and steps < math.ceil(batches / args.gradient_accumulation_steps):
+            logger.warning(
+                f"ref_model_sync_strategy='epoch' but the run ends at optimizer step {steps}, before its first epoch "
+                f"ends ({math.ceil(batches / args.gradient_accumulation_steps)} steps): no sync will happen. Raise "
+                "max_steps, or sync by steps (ref_model_sync_strategy='steps')."
+            )
 
-    def on_epoch_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs
-    ):
-        if getattr(args, "ref_model_sync_strategy", "steps") == "epoch" and state.global_step > self.last_sync_step:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs):
+        """Sync at the end of every τ-th optimizer step, or (per-epoch strategy) of the step that completes an epoch.
+
+        Both run before the `Trainer` saves a checkpoint for that step, so the checkpoint holds the synced reference.
+        An epoch is complete when `state.epoch` is a whole number: `Trainer` sets it to `epoch + (micro-batch + 1) /
+        micro-batches per epoch` before this call.
+        """
+        if getattr(args, "ref_model_sync_strategy", "steps") == "steps":
+            if state.global_step % args.ref_model_sync_steps == 0:
+                self.sync(args, state, model)
+        elif state.epoch is not None and float(state.epoch).is_integer() and state.global_step > self.last_sync_step:
             self.sync(args, state, model)
 
 

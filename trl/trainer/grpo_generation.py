@@ -7,12 +7,20 @@ from typing import NamedTuple
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation import GenerationMode
+from transformers.utils import logging
 
 from .grpo_config import GENERATION_IMPLEMENTATIONS
 from .grpo_inputs import ends_with_stop
 from .grpo_losses import completion_mask
 from .layouts import PLAIN, ZERO3, parameter_layouts
-from .prefix_sharing import shared_prefix_cache
+from .prefix_sharing import length_scaled_ropes, rope_sharing_blocker, shared_prefix_cache, split_lengths
+
+
+logger = logging.get_logger(__name__)
+_LOGGED_FALLBACKS: set[str] = set()  # reasons for plain `generate` already logged
+# the decoding modes that run one row per prompt row, each step on the cache as it is
+_SHARED_PREFIX_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 
 
 def grpo_generation_config(args, tokenizer, eos_token_ids: list[int]) -> GenerationConfig:
@@ -44,6 +52,55 @@ def grpo_generation_config(args, tokenizer, eos_token_ids: list[int]) -> Generat
     return GenerationConfig(**{**settings, **(args.generation_kwargs or {})})
 
 
+def effective_generation_config(model: PreTrainedModel, generation_config: GenerationConfig) -> GenerationConfig:
+    """The settings `model.generate(generation_config=generation_config)` decodes with: transformers fills every
+    field left at `None` from the model's own `generation_config` (its generation_config.json), then from the global
+    defaults. This is `GenerationMixin._prepare_generation_config(generation_config)[0]`, a private transformers API
+    (signature `(generation_config, **kwargs) -> (GenerationConfig, model_kwargs)` as of the required
+    transformers >= 5.24), called as is: its errors are real configuration errors. It returns a copy;
+    `generation_config` is not changed."""
+    return model._prepare_generation_config(generation_config)[0]
+
+
+def shared_prefix_blocker(
+    model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generation_config: GenerationConfig
+) -> str | None:
+    """Why `sample_completions(..., "shared_prefix")` runs plain `generate` for this call, or `None` when it can
+    hand `generate` a shared prompt cache. Decided on `effective_generation_config` (the model's own
+    generation_config.json fills what `generation_config` leaves unset):
+    - a decoding mode other than greedy search and sampling (beam search and its variants, assisted or
+      prompt-lookup decoding, DoLa, contrastive search): they expand the batch or manage the cache themselves;
+    - `num_return_sequences > 1` (`generate` expands every row) or `token_healing` (rewrites the prompt's end);
+    - a `cache_implementation` (`generate` refuses a given cache next to one) or `use_cache=False`; a model without
+      a `DynamicCache`;
+    - DeepSpeed ZeRO-3 parameters (a forward before `generate` would re-partition the weights gathered for it);
+    - a RoPE whose frequencies depend on the sequence length, where the prompt pass and `generate`'s first step would
+      see different ones (`prefix_sharing.rope_sharing_blocker`).
+    `shared_prefix_cache` itself still returns `None` (plain `generate`) when there is nothing to share, for
+    prompts that are not left-padded and for PEFT prompt learning.
+    """
+    if ZERO3 in parameter_layouts(model):
+        return "DeepSpeed ZeRO-3 parameters"
+    config = effective_generation_config(model, generation_config)
+    mode = config.get_generation_mode()
+    if mode not in _SHARED_PREFIX_MODES:
+        return f"generation mode {mode.value}"
+    if (config.num_return_sequences or 1) > 1:
+        return "num_return_sequences > 1"
+    if config.cache_implementation is not None:
+        return f"cache_implementation={config.cache_implementation!r}"
+    if config.use_cache is False:
+        return "use_cache=False"
+    if config.token_healing:
+        return "token_healing"
+    if not getattr(model, "_supports_default_dynamic_cache", lambda: False)():
+        return "a model without a DynamicCache"
+    if prompt_ids.size(1) > 1 and length_scaled_ropes(model):
+        # the prompt pass reaches all but the last prompt token; generate's first step, the whole prompt
+        return rope_sharing_blocker(model, *split_lengths(prompt_mask, prompt_ids.size(1)))
+    return None
+
+
 def sample_completions(
     model: PreTrainedModel,
     prompt_ids: torch.Tensor,
@@ -61,11 +118,12 @@ def sample_completions(
     instead of N, and everything that decides which tokens are drawn (logits processors, the random draws, EOS
     handling, padding, stopping) is `generate`'s own. Completions follow the same distribution; the prefix
     keys/values come from a smaller batch, so they can differ from the unshared ones in the last float bits. It falls
-    back to `"generate"` when there is nothing to share (all prompts distinct, one-token prompts), when
-    `generation_config.cache_implementation` asks for another cache or `use_cache=False` for none, for models without
-    a `DynamicCache`, when the prompts are not left-padded, for PEFT prompt learning (prompt or prefix tuning adds its
-    own tokens or cache), or under DeepSpeed ZeRO-3 (whose forward hooks would re-partition the weights gathered for
-    generation).
+    back to `"generate"` for every setting listed in `shared_prefix_blocker` (a decoding mode other than greedy or
+    sampling, e.g. beam search; `num_return_sequences > 1`; a `cache_implementation`, also one set by the model's
+    generation_config.json; `use_cache=False`; DeepSpeed ZeRO-3; a length-dependent RoPE at the lengths where it
+    matters; ...), when there is nothing to share (all prompts distinct, one-token prompts), when the prompts are not
+    left-padded, and for PEFT prompt learning (prompt or prefix tuning adds its own tokens or cache); each reason is
+    logged once at INFO level.
 
     Args:
         model: a causal LM (or a PEFT model around one); put in eval mode for the call, then restored. Runs under
@@ -84,15 +142,14 @@ def sample_completions(
         raise ValueError(
             f"generation_implementation must be one of {GENERATION_IMPLEMENTATIONS}, got {implementation!r}."
         )
-    layouts = parameter_layouts(model)
-    zero3, sharded = ZERO3 in layouts, layouts != {PLAIN}
-    # ZeRO-3: a forward before `generate` would hand the weights gathered for generation back to their partitions
-    # no cache to share: `use_cache=False` (generate would re-read the whole prefix) or a model without DynamicCache
-    cached = (
-        generation_config.use_cache is not False and getattr(model, "_supports_default_dynamic_cache", lambda: False)()
-    )
-    share = implementation == "shared_prefix" and generation_config.cache_implementation is None and cached
-    share = share and not zero3
+    sharded = parameter_layouts(model) != {PLAIN}
+    share = implementation == "shared_prefix"
+    if share:
+        blocker = shared_prefix_blocker(model, prompt_ids, prompt_mask, generation_config)
+        share = blocker is None
+        if blocker is not None and blocker not in _LOGGED_FALLBACKS:
+            _LOGGED_FALLBACKS.add(blocker)
+            logger.info(f"generation_implementation='shared_prefix': some batches run plain generate ({blocker}).")
     was_training = model.training
     model.eval()  # dropout off, and the KV cache is used even with gradient checkpointing
     try:
@@ -107,6 +164,8 @@ def sample_completions(
             )
     finally:
         model.train(was_training)
+    if not isinstance(sequences, torch.Tensor):  # `return_dict_in_generate=True`
+        sequences = sequences.sequences
     return sequences[:, prompt_ids.size(1) :].clone()  # a normal tensor: training may save it for backward
 
 

@@ -76,6 +76,7 @@ def group_advantages(
     mean = r.sum(dim=1, keepdim=True) / v.sum(dim=1, keepdim=True).clamp(min=1)
     centred = (r - mean) * v
     group_std = group_reward_std(rewards, num_generations, valid).unsqueeze(1)
+    _check_finite_statistics(mean, group_std if scale_rewards == "group" else mean)
     # Exact zeros for groups with one valid value or all-equal values (no rounding residue from the mean).
     distinct = r.masked_fill(v == 0, float("inf")).amin(1) != r.masked_fill(v == 0, float("-inf")).amax(1)
     centred = centred * distinct.unsqueeze(1)
@@ -84,12 +85,24 @@ def group_advantages(
     elif scale_rewards == "batch":
         flat = rewards[valid]
         batch_std = flat.std() if flat.numel() > 1 else rewards.new_zeros(())
+        _check_finite_statistics(batch_std, batch_std)
         advantages = centred / (batch_std + eps)
     elif scale_rewards == "none":
         advantages = centred
     else:
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}.")
     return advantages.reshape(-1)
+
+
+def _check_finite_statistics(mean: torch.Tensor, std: torch.Tensor) -> None:
+    """Raise a `ValueError` when finite rewards are too large for their mean or standard deviation in their dtype
+    (e.g. ±1e20 in one float32 group: the variance overflows, and every advantage would silently become 0)."""
+    if not (torch.isfinite(mean).all() and torch.isfinite(std).all()):
+        raise ValueError(
+            "The rewards are too large for their group statistics: their mean or standard deviation overflows "
+            f"{mean.dtype} (rewards near ±1e19 or beyond in float32). Scale the reward functions or reward_weights "
+            "down."
+        )
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:

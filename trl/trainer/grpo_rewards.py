@@ -8,17 +8,21 @@ Shapes: N = B·G completions (the G completions of a prompt contiguous), F = num
 import asyncio
 import functools
 import inspect
+import math
+import numbers
 import threading
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Set
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging
 
+from ..models.utils import explain_missing_path
 from .grpo_config import MULTI_OBJECTIVE_AGGREGATIONS
 from .grpo_losses import group_advantages
 from .grpo_metrics import frac_reward_zero_std
@@ -29,6 +33,7 @@ logger = logging.get_logger(__name__)
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 # Keyword arguments the trainer adds for every reward function; not "inputs" of a completion.
 HOOK_KWARGS = ("trainer_state", "log_extra", "log_metric")
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 # ---------------------------------------------------------------- setting up
@@ -74,8 +79,10 @@ def load_reward_funcs(
         `(funcs, names, processing_classes, weights)`: `weights` is an `(F,)` float32 tensor (all ones by default).
 
     Raises:
-        ValueError: if there is no reward function, or if `reward_weights` or `reward_processing_classes` (a single
-            tokenizer counts as a list of one) does not have one entry per reward function.
+        ValueError: if there is no reward function, if `reward_weights` or `reward_processing_classes` (a single
+            tokenizer counts as a list of one) does not have one entry per reward function, or if a weight is not a
+            finite number.
+        PathNotFoundError: if a reward-model path is not an existing local folder and no Hub id either.
     """
     if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
         raise ValueError(
@@ -88,17 +95,18 @@ def load_reward_funcs(
     }
     # A reward model loaded from a path gets its tokenizer from the same revision.
     revisions = [model_init_kwargs.get("revision") if isinstance(f, str) else None for f in funcs]
-    funcs = [
-        AutoModelForSequenceClassification.from_pretrained(f, num_labels=1, **model_init_kwargs)
-        if isinstance(f, str)
-        else f
-        for f in funcs
-    ]
+    funcs = [_load_reward_model(f, model_init_kwargs) if isinstance(f, str) else f for f in funcs]
     if reward_weights is not None and len(reward_weights) != len(funcs):
         raise ValueError(
             f"reward_weights has {len(reward_weights)} entries but there are {len(funcs)} reward functions: give one "
             "weight per reward function."
         )
+    for index, weight in enumerate(reward_weights or []):
+        if not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+            raise ValueError(
+                f"reward_weights[{index}] is {weight!r} (for reward function {reward_func_name(funcs[index])!r}): "
+                "every reward weight must be a finite number."
+            )
     weights = torch.tensor(reward_weights or [1.0] * len(funcs), dtype=torch.float32)
     if reward_processing_classes is None:
         reward_processing_classes = [None] * len(funcs)
@@ -113,16 +121,23 @@ def load_reward_funcs(
     for i, (func, tokenizer) in enumerate(zip(funcs, processing_classes)):
         if isinstance(func, PreTrainedModel):
             if tokenizer is None:
-                tokenizer = AutoTokenizer.from_pretrained(
-                    func.config._name_or_path,
-                    revision=revisions[i],
-                    trust_remote_code=model_init_kwargs.get("trust_remote_code", False),
-                )
+                with explain_missing_path(func.config._name_or_path, "Reward tokenizer"):
+                    tokenizer = AutoTokenizer.from_pretrained(
+                        func.config._name_or_path,
+                        revision=revisions[i],
+                        trust_remote_code=model_init_kwargs.get("trust_remote_code", False),
+                    )
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
             func.config.pad_token_id = tokenizer.pad_token_id
             processing_classes[i] = tokenizer
     return funcs, [reward_func_name(f) for f in funcs], processing_classes, weights
+
+
+def _load_reward_model(path: str, model_init_kwargs: dict[str, Any]) -> PreTrainedModel:
+    """A one-label sequence-classification reward model from `path` (a local folder or a Hub id)."""
+    with explain_missing_path(path, "Reward model"):
+        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **model_init_kwargs)
 
 
 class RewardEventLoop:
@@ -210,19 +225,109 @@ def reward_model_scores(
         return model(**encoded).logits[:, 0].float()
 
 
+def _describe(value: Any) -> str:
+    """A short description of a wrong reward value for an error message: its type, and its value when short."""
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return f"a torch.Tensor of shape {tuple(value.shape)}"
+    if isinstance(value, np.ndarray):
+        return f"a numpy array of shape {value.shape}"
+    text = repr(value)
+    return f"a {type(value).__name__} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def _as_float(value: Any) -> float | None:
+    """A single reward value as a float (`None` → NaN), or `None` when it is not a number.
+
+    Numbers are Python `bool`/`int`/`float` (any `numbers.Real`), numpy scalars, and torch tensors or numpy arrays
+    holding exactly one real value; a string is never converted.
+    """
+    if value is None:
+        return float("nan")
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if (value.numel() if isinstance(value, torch.Tensor) else value.size) != 1:
+            return None
+        value = value.item()
+    if not isinstance(value, (numbers.Real, np.bool_)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float range
+        return math.copysign(math.inf, value)
+
+
 def reward_column(values: Any, name: str, num_completions: int) -> list[float]:
     """One reward function's output as floats, `None` → NaN.
 
+    A reward function must return one reward per completion: a list (or tuple, or other iterable) of numbers
+    (Python, numpy or one-element torch tensors) or `None`, or a torch tensor / numpy array of length N (shape
+    `(N,)`, or `(N, 1)`). `None` and NaN both mean "no reward for this completion" (left out of the group
+    statistics, as in TRL); ±inf is refused, since it would turn the group's advantages into NaN.
+
     Raises:
-        ValueError: if `values` is `None` or does not hold one value per completion.
+        TypeError: if `values` is not a sequence (a bare number, `None`, a string, a dict, ...) or an entry is not a
+            number or `None` (a string, a list, a multi-element tensor, ...).
+        ValueError: if `values` does not hold one value per completion, or an entry is +inf or -inf or does not fit
+            in float32 (overflows to ±inf there).
     """
-    if values is None or len(values) != num_completions:
-        got = "None" if values is None else len(values)
+    expected = f"it must return a list of {num_completions} floats (or None), one per completion"
+    scalar_array = isinstance(values, (torch.Tensor, np.ndarray)) and values.ndim == 0
+    not_a_sequence = (
+        values is None or isinstance(values, (str, bytes, Mapping, Set)) or not hasattr(values, "__iter__")
+    )
+    if scalar_array or not_a_sequence:
+        raise TypeError(f"Reward function {name!r} returned {_describe(values)} instead of a list: {expected}.")
+    values = list(values)
+    if len(values) != num_completions:
         raise ValueError(
-            f"Reward function {name!r} returned {got} rewards for {num_completions} completions; it must return one "
-            "float (or None) per completion."
+            f"Reward function {name!r} returned {len(values)} rewards for {num_completions} completions: {expected}."
         )
-    return [float("nan") if v is None else float(v) for v in values]
+    column = []
+    for index, value in enumerate(values):
+        reward = _as_float(value)
+        if reward is None:
+            raise TypeError(
+                f"Reward function {name!r} returned {_describe(value)} for completion {index}: {expected}."
+            )
+        if math.isinf(reward):
+            raise ValueError(
+                f"Reward function {name!r} returned {reward} for completion {index}: {expected}. Rewards must be "
+                'finite: None (or NaN) means "no reward for this completion", inf is not allowed.'
+            )
+        column.append(reward)
+    # The column is stored as float32: a finite float64 beyond float32's range would become ±inf there.
+    overflow = torch.isinf(torch.tensor(column, dtype=torch.float32)).nonzero().flatten().tolist()
+    if overflow:
+        index = overflow[0]
+        raise ValueError(
+            f"Reward function {name!r} returned {column[index]!r} for completion {index}, which does not fit in "
+            f"float32 (it overflows to inf; rewards are stored as float32, whose largest value is {FLOAT32_MAX:.4g}): "
+            "return rewards of a smaller magnitude."
+        )
+    return column
+
+
+def check_reward_model_scores(scores: torch.Tensor, model: nn.Module, name: str) -> None:
+    """Raise if a reward model gave a non-finite score (a model has no way to say "no reward": inf or NaN logits
+    are an overflow or broken weights).
+
+    Raises:
+        ValueError: naming the model, the first bad completion and the model's dtype.
+    """
+    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    if not bad:
+        return
+    dtype = getattr(model, "dtype", None)
+    if dtype == torch.float16:
+        hint = "float16 overflows easily: load the reward model in float32 or bfloat16 (`dtype`), or check the model"
+    else:
+        hint = "check the model's weights and inputs (or, for a float16 checkpoint, load it in float32 or bfloat16)"
+    raise ValueError(
+        f"Reward model {name!r} ({dtype}) gave a non-finite score ({scores[bad[0]].item()}) for {len(bad)} of "
+        f"{scores.numel()} completions (the first is completion {bad[0]}); a reward model's scores must be finite: "
+        f"{hint}."
+    )
 
 
 def call_reward_funcs(
@@ -246,8 +351,10 @@ def call_reward_funcs(
     of the first such completion.
 
     Raises:
-        ValueError: if a function's output does not have one value per completion, or if there are async functions
-            and no `loop`.
+        TypeError: if a function returns something that is not a list of numbers or `None` (see `reward_column`).
+        ValueError: if a function's output does not have one value per completion or holds ±inf (or a value that
+            overflows float32), if a reward model
+            gives a non-finite score, or if there are async functions and no `loop`.
     """
     n = len(prompts)
     rewards = torch.zeros(n, len(funcs), dtype=torch.float32)
@@ -255,8 +362,9 @@ def call_reward_funcs(
     call_kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **reward_kwargs)
     for i, (func, name, tokenizer) in enumerate(zip(funcs, names, processing_classes)):
         if isinstance(func, nn.Module):
-            scores = reward_model_scores(func, tokenizer, prompts, completions, chat_template_kwargs, device)
-            rewards[:, i] = scores.cpu()
+            scores = reward_model_scores(func, tokenizer, prompts, completions, chat_template_kwargs, device).cpu()
+            check_reward_model_scores(scores, func, name)
+            rewards[:, i] = scores
         elif is_async_reward_func(func):
             pending.append((i, func(**call_kwargs)))
         else:
@@ -295,20 +403,72 @@ def all_none_message(
 # ---------------------------------------------------------------- from rewards to advantages
 
 
-def combine_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_rewards(
+    rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, names: list[str] | None = None
+) -> torch.Tensor:
+    """Σ_k w_k·r_k per completion, `(N,)`, NaN rewards (`None`) counting as 0; refuses a product or a sum that
+    overflows the tensor's dtype (float32) to ±inf, which would turn a group's advantages into NaN.
+
+    Args:
+        rewards_per_func: `(N, F)` float tensor of finite rewards, NaN for `None`.
+        reward_weights: `(F,)` float tensor.
+        names: the reward functions' names, for the error message (`reward function <k>` when not given).
+
+    Raises:
+        ValueError: naming the reward functions and weights whose weighted reward overflows, or the first completion
+            whose weighted sum does.
+    """
+    weights = reward_weights.to(rewards_per_func)
+    products = rewards_per_func * weights.unsqueeze(0)
+    rewards = torch.nansum(products, dim=1)
+    if torch.isinf(rewards).any() or torch.isinf(products).any():  # rewards and weights are finite: an overflow
+        label = [f"reward function {names[k]!r}" if names else f"reward function {k}" for k in range(weights.numel())]
+        dtype = str(rewards_per_func.dtype).removeprefix("torch.")
+        columns = torch.isinf(products).any(dim=0).nonzero().flatten().tolist()
+        if columns:
+            parts = []
+            for k in columns:
+                row = torch.isinf(products[:, k]).nonzero()[0].item()
+                parts.append(
+                    f"{label[k]} (reward {rewards_per_func[row, k].item():.4g} × weight {weights[k].item():g})"
+                )
+            raise ValueError(
+                f"The weighted reward overflows {dtype} for {', '.join(parts)}: reward × weight must stay within "
+                f"±{torch.finfo(rewards_per_func.dtype).max:.4g}; use smaller rewards or reward_weights."
+            )
+        row = torch.isinf(rewards).nonzero()[0].item()
+        terms = "; ".join(
+            f"{label[k]}: {products[row, k].item():.4g}"
+            for k in range(weights.numel())
+            if not products[row, k].isnan()
+        )
+        raise ValueError(
+            f"The weighted sum of the rewards overflows {dtype} for completion {row} (weighted rewards: {terms}): the "
+            f"sum must stay within ±{torch.finfo(rewards_per_func.dtype).max:.4g}; use smaller rewards or "
+            "reward_weights."
+        )
+    return rewards
+
+
+def combine_rewards(
+    rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, names: list[str] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted sum of several reward functions, skipping the ones that returned `None` (stored as NaN).
 
     Args:
         rewards_per_func: `(N, F)` float tensor, one column per reward function; NaN where a function gave `None`.
         reward_weights: `(F,)` float tensor.
+        names: the reward functions' names, for the overflow error.
 
     Returns:
         `(rewards, valid)`: `(N,)` float rewards (NaN entries count as 0) and an `(N,)` bool mask that is `False`
         where *every* function returned `None`: such completions are left out of their group's statistics.
+
+    Raises:
+        ValueError: if a weighted reward or the weighted sum overflows to ±inf (see `weighted_rewards`).
     """
     valid = ~torch.isnan(rewards_per_func).all(dim=1)
-    rewards = torch.nansum(rewards_per_func * reward_weights.to(rewards_per_func).unsqueeze(0), dim=1)
-    return rewards, valid
+    return weighted_rewards(rewards_per_func, reward_weights, names), valid
 
 
 class AggregatedRewards(NamedTuple):
@@ -337,6 +497,7 @@ def aggregate_rewards(
     num_generations: int,
     scale_rewards: str = "group",
     multi_objective_aggregation: str = "sum_then_normalize",
+    reward_names: list[str] | None = None,
 ) -> AggregatedRewards:
     """Advantages from the rewards of several functions, as `multi_objective_aggregation` says.
 
@@ -355,14 +516,16 @@ def aggregate_rewards(
         num_generations: G, the group size.
         scale_rewards: `"group"`, `"batch"` or `"none"` (sum-then-normalise only).
         multi_objective_aggregation: `"sum_then_normalize"` or `"normalize_then_sum"`.
+        reward_names: the reward functions' names, for the overflow error (`reward function <k>` when not given).
 
     Returns:
         [`AggregatedRewards`]: advantages, the logged rewards, the scored mask and `frac_reward_zero_std`.
 
     Raises:
-        ValueError: for an unknown `multi_objective_aggregation` (or `scale_rewards`), or N not divisible by G.
+        ValueError: for an unknown `multi_objective_aggregation` (or `scale_rewards`), N not divisible by G, or a
+            weighted reward (or the weighted sum) that overflows float32 (see `weighted_rewards`).
     """
-    weighted, valid = combine_rewards(rewards_per_func, reward_weights)
+    weighted, valid = combine_rewards(rewards_per_func, reward_weights, reward_names)
     rewards = weighted.masked_fill(~valid, float("nan"))
     if multi_objective_aggregation == "sum_then_normalize":
         advantages = group_advantages(weighted, num_generations, scale_rewards, valid)

@@ -12,10 +12,13 @@ from transformers.utils import logging
 from .grpo_losses import selective_log_softmax
 from .prefix_sharing import (
     cache_kept_under_checkpointing,
+    length_scaled_ropes,
     position_ids_from_mask,
     prefix_was_read,
+    rope_sharing_blocker,
     scoring_sharing_blocker,
     shared_prefix_cache,
+    split_lengths,
     text_config,
 )
 
@@ -61,7 +64,9 @@ def score_completions(
     unshared one up to float rounding (the prompt is computed in a smaller batch) at `(P - 1)(N - U)` fewer token
     positions per pass, U the number of distinct prompts. It runs one plain pass instead for prompts shorter than
     `min_prefix_tokens` + 1, when there is nothing to share, with `compute_aux_loss` (the router loss covers every
-    token of one pass), for caches other than full attention, for PEFT prompt learning, for ZeRO-3/FSDP2 parameters,
+    token of one pass), for caches other than full attention, for PEFT prompt learning, for ZeRO-3/FSDP2 parameters, for
+    a pass whose two halves would see different RoPE frequencies (`longrope` when the prompt and the whole sequence
+    lie on different sides of `original_max_position_embeddings`, `dynamic` from `max_position_embeddings` tokens on),
     and, with gradients, for active dropout and gradient checkpointing that would drop the cache (see
     `prefix_sharing.scoring_sharing_blocker`; each reason is logged once at INFO level).
 
@@ -96,9 +101,9 @@ def score_completions(
         blocker = "the MoE router loss" if compute_aux_loss else scoring_sharing_blocker(model)
         if blocker is not None:
             share = False
-            if blocker not in _LOGGED_BLOCKERS:
-                _LOGGED_BLOCKERS.add(blocker)
-                logger.info(f"shared_prefix_scoring: some log-prob passes run plain ({blocker}).")
+            _log_blocker(blocker)
+    # a RoPE whose frequencies follow the sequence length: decided per pass from the lengths it sees
+    length_scaled = share and prompt_length > 1 and bool(length_scaled_ropes(model))
     # a MoE model whose config asks for router logits would pair them with the whole attention mask
     no_router_logits = (
         {"output_router_logits": False} if getattr(text_config(model), "output_router_logits", 0) else {}
@@ -108,8 +113,16 @@ def score_completions(
             ids = input_ids[start : start + batch_size]
             mask = attention_mask[start : start + batch_size]
             position_ids = position_ids_from_mask(mask)
+            share_here = share
+            if length_scaled:  # the positions the prompt pass (all but the last prompt token) and this pass reach
+                blocker = rope_sharing_blocker(model, *split_lengths(mask, prompt_length))
+                if blocker is not None:
+                    share_here = False
+                    _log_blocker(blocker)
             cache = (
-                shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True) if share else None
+                shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True)
+                if share_here
+                else None
             )
             if cache is None:
                 extra = {"output_router_logits": True} if compute_aux_loss else {}
@@ -146,6 +159,12 @@ def score_completions(
         torch.cat(entropies, dim=0) if compute_entropy else None,
         torch.stack(aux_losses).mean() if compute_aux_loss else None,
     )
+
+
+def _log_blocker(blocker: str) -> None:
+    if blocker not in _LOGGED_BLOCKERS:
+        _LOGGED_BLOCKERS.add(blocker)
+        logger.info(f"shared_prefix_scoring: some log-prob passes run plain ({blocker}).")
 
 
 def router_aux_loss_settings(model: nn.Module, router_aux_loss_coef: float | None) -> tuple[float, bool]:

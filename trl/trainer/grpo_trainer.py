@@ -36,8 +36,12 @@ from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import (
     REF_ADAPTER_FILE,
     REF_MODEL_FILE,
+    SyncReferenceAtResume,
+    add_missing_callback_states,
     load_generation_buffer,
     load_reference_state,
+    non_persistent_buffer_names,
+    reference_state_without_file,
     reference_tensors,
     save_generation_buffer,
     save_reference_state,
@@ -82,6 +86,7 @@ from .grpo_rewards import (
     call_reward_funcs,
     is_async_reward_func,
     load_reward_funcs,
+    weighted_rewards,
 )
 from .grpo_scoring import cast_lm_head_to_fp32, gather_valid_entropies, router_aux_loss_settings, score_completions
 from .ref_sync import make_reference
@@ -279,6 +284,7 @@ class GRPOTrainer(Trainer):
         checkpoint = (
             get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
         )
+        self.callback_handler.remove_callback(SyncReferenceAtResume)  # a previous call's, if any
         if checkpoint:
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
@@ -298,6 +304,8 @@ class GRPOTrainer(Trainer):
         return reference_tensors(ref_model, self.accelerator.unwrap_model(self.model), self.ref_adapter)
 
     def _save_checkpoint(self, model, trial):
+        # A state resumed from a checkpoint without some callback's entry (TRL's: no EntropyCoefficient) gets one.
+        add_missing_callback_states(self.state.stateful_callbacks, self.callback_handler.callbacks)
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self._buffered_inputs is not None and self._step % (self.args.steps_per_generation * self.num_iterations):
@@ -316,9 +324,14 @@ class GRPOTrainer(Trainer):
         self.entropy_control = restored[0] if restored else self.entropy_control
 
     def _load_reference_state(self, checkpoint: str) -> None:
-        state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file)
-        if state is not None:
-            self.sync_callback.load_state_dict(state)
+        ref_model = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
+        ignorable = non_persistent_buffer_names(ref_model)  # saved by earlier versions, derived: not restored
+        state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file, ignorable)
+        if state is None:  # e.g. a TRL checkpoint: the reference is rebuilt from the policy once it is loaded
+            state, resume_alpha = reference_state_without_file(checkpoint, self._reference_file, self.args)
+            if resume_alpha is not None:  # with the α of the run that wrote the checkpoint
+                self.add_callback(SyncReferenceAtResume(self.sync_callback, resume_alpha))
+        self.sync_callback.load_state_dict(state)
 
     # ---- one step: prompts → completions → rewards → advantages → log-probs → loss ----
 
@@ -339,9 +352,28 @@ class GRPOTrainer(Trainer):
             batch = self._generate_and_score_completions(generation_batch)
             seed = shuffle_seed(self.args.seed, self._step, self.accelerator.process_index)
             self._buffered_inputs = shuffle_and_split(batch, steps_per_generation, seed)
-        inputs = self._buffered_inputs[self._step % steps_per_generation]
+        index = self._step % steps_per_generation
+        inputs = self._buffered_inputs[index] = self._with_current_reference(self._buffered_inputs[index])
         self._step += 1
         return inputs
+
+    def _reference_version(self) -> int:
+        """Syncs of the reference so far (0 without syncing): buffered reference log-probs carry the value they were
+        computed at, and are recomputed when it has moved on."""
+        return self.sync_callback.num_syncs if self.sync_callback is not None else 0
+
+    def _with_current_reference(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """`inputs` with `ref_per_token_logps` under the current reference: a micro-batch buffered before a sync (the
+        rest of a generation batch with `num_iterations > 1` or `steps_per_generation > gradient_accumulation_steps`)
+        is scored again, one reference pass over its rows, so the first loss after a sync already sees it."""
+        if "ref_per_token_logps" not in inputs or inputs.get("ref_version") == self._reference_version():
+            return inputs
+        completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
+        with torch.no_grad():
+            ref_logps = self._ref_per_token_logps(input_ids, attention_mask, mask.size(1), input_ids.size(0))
+        return {**inputs, "ref_per_token_logps": ref_logps, "ref_version": self._reference_version()}
 
     def _sampling_rng(self, mode: str):
         """Seed this generation batch's sampling from where training is (see `grpo_inputs.sampling_rng`): the
@@ -420,6 +452,7 @@ class GRPOTrainer(Trainer):
                 output["ref_per_token_logps"] = self._ref_per_token_logps(
                     input_ids, attention_mask, mask.size(1), batch_size
                 )
+                output["ref_version"] = self._reference_version()
         total_tokens = gather(mask.sum()).sum().float()
         micro_batches = args.steps_per_generation if mode == "train" else 1
         output["num_items_in_batch"] = total_tokens / (self.accelerator.num_processes * micro_batches)
@@ -459,19 +492,45 @@ class GRPOTrainer(Trainer):
     def _calculate_rewards(
         self, inputs: list[dict], prompts: list, completions: list, completion_ids: list
     ) -> torch.Tensor:
-        """`(N, F)` float32 rewards of this process's completions, NaN where a function returned `None`."""
-        return call_reward_funcs(
-            self.reward_funcs,
-            self.reward_func_names,
-            self.reward_processing_classes,
-            prompts,
-            completions,
-            completion_ids,
-            {**reward_columns(inputs), "trainer_state": self.state, **self._reward_hooks.kwargs()},
-            self.args.chat_template_kwargs,
-            self.accelerator.device,
-            self._reward_loop,
-        )
+        """`(N, F)` float32 rewards of this process's completions, NaN where a function returned `None`.
+
+        A `TypeError` or `ValueError` of the reward pipeline (a reward function's wrong output, a non-finite reward,
+        one that overflows float32, alone or times its weight) is raised on every process together: each process's
+        error (or `None`) is gathered first, so that no process is left waiting in the next gather. The process where
+        it happened raises its own error; the others raise the same type, `"reward function error on process <r>:
+        <message>"`.
+        """
+        error, rewards = None, None
+        try:
+            rewards = call_reward_funcs(
+                self.reward_funcs,
+                self.reward_func_names,
+                self.reward_processing_classes,
+                prompts,
+                completions,
+                completion_ids,
+                {**reward_columns(inputs), "trainer_state": self.state, **self._reward_hooks.kwargs()},
+                self.args.chat_template_kwargs,
+                self.accelerator.device,
+                self._reward_loop,
+            )
+            weighted_rewards(rewards, self.reward_weights, self.reward_func_names)  # names the overflowing ones
+        except (TypeError, ValueError) as caught:
+            if self.accelerator.num_processes == 1:
+                raise
+            error = caught
+        if self.accelerator.num_processes > 1:
+            kind = "TypeError" if isinstance(error, TypeError) else "ValueError"
+            errors = gather_object([None if error is None else (kind, str(error))])
+            if error is not None:
+                raise error
+            failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+            if failed:
+                rank, (kind, message) = failed[0]
+                raise (TypeError if kind == "TypeError" else ValueError)(
+                    f"reward function error on process {rank}: {message}"
+                )
+        return rewards
 
     def _get_per_token_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None) -> torch.Tensor:
         """`(N, L)` float32 log-probs of the last `logits_to_keep` (L) tokens of the `(N, P + L)` `input_ids` under

@@ -5,7 +5,7 @@ continue from the copied cache; scoring (reference, old-policy and training log-
 the completions of every row on top of them, gradients included."""
 
 import functools
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -46,6 +46,16 @@ def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def split_lengths(mask: torch.Tensor, prompt_length: int) -> tuple[int, int]:
+    """`(prefix, total)`: the positions a prompt pass over the first `prompt_length - 1` columns of the `(N, T)`
+    attention `mask` reaches, and those a single forward over all `T` columns reaches (the attended tokens of the
+    longest row, i.e. `max(position_ids) + 1` as `position_ids_from_mask` and `generate` number them; only the RoPE
+    check `rope_sharing_blocker` reads them)."""
+    counts = mask.long().cumsum(-1)
+    prefix = int(counts[:, prompt_length - 2].max()) if prompt_length > 1 else 0
+    return prefix, int(counts[:, -1].max())
+
+
 class _WriteOnceLayer(DynamicLayer):
     """Keeps the keys/values of the first `update` and hands later ones back unchanged: gradient checkpointing replays
     a layer's forward during the backward pass, and the replay must neither append a second copy nor see the first."""
@@ -73,6 +83,33 @@ class _PrefixLayer(DynamicLayer):
         return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
 
+def _prompt_pass_model(model: nn.Module) -> tuple[nn.Module, object]:
+    """The module that runs the prompt pass of `shared_prefix_cache`, and the context to run it in.
+
+    Under DDP and a DeepSpeed (ZeRO-0/1/2) engine: the model inside the wrapper (`extract_model_from_parallel`, which
+    keeps PEFT and accelerate's mixed-precision forward, `keep_fp32_wrapper=True`), in the engine's `torch_autocast`
+    context (ZeRO-3 never shares: `scoring_sharing_blocker`, `grpo_generation.shared_prefix_blocker`).
+    Whether a pass shares is decided per process from its own data (prompt width, repeated prompts, RoPE lengths),
+    and every forward of the wrapper takes part in collectives (DDP broadcasts its buffers, by default on each
+    forward): the prompt pass must not add one on some ranks only. Its gradients still reach the parameters, through
+    the cache, and DDP's or ZeRO's gradient hooks fire once per parameter and backward as without sharing. Anything
+    else (a plain or PEFT model; FSDP, whose forward gathers the weights) is run as it is.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(model, FullyShardedDataParallel):
+        return model, nullcontext()
+    engine = model
+    while isinstance(engine, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        engine = engine.module
+    context = nullcontext()
+    if type(engine).__name__ == "DeepSpeedEngine":  # its forward runs the module under its `torch_autocast` config
+        from deepspeed.runtime.torch_autocast import autocast_if_enabled
+
+        context = autocast_if_enabled(engine)
+    return extract_model_from_parallel(model, keep_fp32_wrapper=True), context
+
+
 def text_config(model: nn.Module):
     """The text model's config of `model`, through DDP/DeepSpeed/PEFT wrappers."""
     config = extract_model_from_parallel(model).config
@@ -86,7 +123,9 @@ def shared_prefix_cache(
 
     Args:
         model: a causal LM (or a PEFT/DDP/DeepSpeed wrapper around one). Gradients flow into the shared keys/values
-            when they are enabled (each distinct prompt then receives the summed gradient of its rows).
+            when they are enabled (each distinct prompt then receives the summed gradient of its rows). The prompt
+            pass runs on the model inside a DDP or DeepSpeed wrapper (`_prompt_pass_model`), so a rank that shares
+            makes as many wrapped forwards (and their collectives) as one that does not.
         prompt_ids, prompt_mask: `(N, P)` left-padded prompts and their attention mask.
         read_only: `False` (generation): a `DynamicCache` that `generate` extends. `True` (scoring): a cache whose
             layers return prefix + new keys/values without storing them, so one forward over the completions attends
@@ -113,7 +152,15 @@ def shared_prefix_cache(
             return None
         cache.layers = [_WriteOnceLayer() for _ in cache.layers]
     ids, mask = prompt_ids[first, :-1], prompt_mask[first, :-1]
-    model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), cache=cache, logits_to_keep=1)
+    inner, context = _prompt_pass_model(model)  # DDP/DeepSpeed unwrapped: one wrapped forward per pass on every rank
+    with context:
+        inner(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids_from_mask(mask),
+            cache=cache,
+            logits_to_keep=1,
+        )
     if read_only:
         if not all(layer.is_initialized for layer in cache.layers):  # a layer did not write: the model has no use
             return None  # for this cache
@@ -141,9 +188,55 @@ def _dropout_in_config(config) -> bool:
     )
 
 
+def length_scaled_ropes(model: nn.Module) -> list[tuple[str, int]]:
+    """The rotary embeddings of `model` whose frequencies depend on the length of the sequence a forward sees, as
+    `(rope_type, limit)` pairs (one per layer type that has one; `[]` for every other RoPE and for models without one).
+
+    transformers recomputes them in every forward from `max(position_ids) + 1`: `longrope` switches from its short to
+    its long factors above `limit` = `original_max_position_embeddings`; `dynamic` (NTK) rescales its base above
+    `limit` = `max_position_embeddings`, and keeps that state across forwards. A forward split in two (the prompt
+    pass, then the rest on its cache) can then see two frequency sets where one forward sees one. The other types
+    of transformers 5.x (`default`, `linear`, `yarn`, `llama3`, `proportional`) fix their frequencies at init.
+    """
+    config = text_config(model)
+    parameters = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(parameters, dict):
+        return []
+    # one dict, or one per layer type (e.g. {"full_attention": {...}, "sliding_attention": {...}})
+    sets = [parameters] if "rope_type" in parameters or "type" in parameters else list(parameters.values())
+    max_positions = getattr(config, "max_position_embeddings", None)
+    found = []
+    for params in sets:
+        if not isinstance(params, dict):
+            continue
+        rope_type = str(params.get("rope_type", params.get("type", "default")))
+        if rope_type == "longrope":
+            found.append((rope_type, params.get("original_max_position_embeddings") or max_positions))
+        elif "dynamic" in rope_type:  # transformers' test for the dynamic kinds
+            found.append((rope_type, max_positions))
+    return found
+
+
+def rope_sharing_blocker(model: nn.Module, prefix_length: int, length: int) -> str | None:
+    """Why one forward whose positions reach `length` (`max(position_ids) + 1`) cannot be split into a pass over a
+    prefix whose positions reach `prefix_length` and a pass over the rest on its cache, or `None` when the split is
+    exact for the RoPE of `model` (see `length_scaled_ropes`): `longrope` when the two lengths lie on different
+    sides of its limit; `dynamic` from `length >= max_position_embeddings` on (below it both passes use the
+    original frequencies whatever an earlier forward grew them to; from it on each pass rescales by its own length).
+    """
+    for rope_type, limit in length_scaled_ropes(model):
+        if rope_type == "longrope":
+            exact = limit is not None and (prefix_length > limit) == (length > limit)
+        else:
+            exact = limit is not None and length < limit
+        if not exact:
+            return f"{rope_type} RoPE, whose frequencies depend on the sequence length"
+    return None
+
+
 def scoring_sharing_blocker(model: nn.Module) -> str | None:
     """Why the forwards of `model` cannot use a read-only `shared_prefix_cache` right now (gradients included), or
-    `None` when they can. Reasons:
+    `None` when they can (a length-scaled RoPE is decided per pass from its lengths, `rope_sharing_blocker`). Reasons:
     - DeepSpeed ZeRO-3 and FSDP2 (DTensor) parameters: each of the two forwards gathers every layer's weights,
       twice the communication of one pass; and with gradients, FSDP2 does not re-gather the weights of a layer
       whose output gets no gradient, which the prompt pass's last layer is;

@@ -22,11 +22,21 @@ REFERENCE_ADAPTER = "ref"  # name of the frozen reference adapter of a PEFT poli
 
 
 def named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Parameters, then floating-point buffers, by name (integer buffers such as position ids are left alone)."""
+    """The tensors a sync mixes and a checkpoint saves, by name: parameters, then persistent floating-point buffers.
+
+    Integer buffers (position ids) and non-persistent buffers are left alone: the latter are derived from the config
+    by the model that owns them (rotary `inv_freq`, which dynamic-NTK RoPE recomputes and may alias with
+    `original_inv_freq`), so mixing two models' copies would give neither model's values.
+    """
     yield from model.named_parameters()
-    for name, buffer in model.named_buffers():
-        if buffer.is_floating_point():
-            yield name, buffer
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():
+        for name, buffer in module._buffers.items():
+            derived = name in module._non_persistent_buffers_set
+            if buffer is None or derived or not buffer.is_floating_point() or id(buffer) in seen:
+                continue
+            seen.add(id(buffer))
+            yield (f"{prefix}.{name}" if prefix else name), buffer
 
 
 @dataclass

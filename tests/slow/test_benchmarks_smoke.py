@@ -1,0 +1,296 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Every script in benchmarks/ runs end to end with `--smoke` (its smallest settings: fewest steps, smallest model or
+preset, one seed) and prints its table with the expected columns and sensible values.
+
+The scripts are found by globbing benchmarks/*.py (modules starting with `_` are shared helpers, not scripts), so a
+new script fails here until it has a smoke mode and an entry in `CHECKS`. Each runs as a subprocess from `tmp_path`,
+writing its outputs there. The compare_upstream_* scripts run against TRL 1.16.0 from `tests/upstream_venv.py`;
+reproduce_real_model.py uses the session's converted SmolLM2-135M-Instruct (`smollm2_path`).
+
+    TRL_SLOW_TESTS_ON_CPU=1 python -m pytest -m slow tests/slow/test_benchmarks_smoke.py   (~5 min on 2 busy cores)
+"""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from upstream_venv import UPSTREAM_TRL_VERSION, upstream_trl_python_or_skip
+
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = sorted(
+    os.path.basename(path)
+    for path in glob.glob(os.path.join(ROOT, "benchmarks", "*.py"))
+    if not os.path.basename(path).startswith("_")
+)
+TIMEOUT = 600  # seconds per script; the slowest (reproduce_real_model.py) takes ~1 min on 2 busy cores
+
+
+def tables(stdout: str) -> list[tuple[list[str], list[list[str]]]]:
+    """The markdown tables of `stdout`, each as (header cells, data rows' cells), the separator row dropped."""
+    found, block = [], []
+    for line in stdout.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+            continue
+        if block:
+            assert len(block) >= 2 and all(set(c) <= set("-: ") for c in block[1]), f"not a table: {block}"
+            found.append((block[0], block[2:]))
+            block = []
+    return found
+
+
+def table_with(stdout: str, first_column: str) -> tuple[list[str], list[list[str]]]:
+    """The one table whose first header cell is `first_column`."""
+    matches = [t for t in tables(stdout) if t[0] and t[0][0] == first_column]
+    assert len(matches) == 1, f"expected one table starting with {first_column!r}, got:\n{stdout}"
+    return matches[0]
+
+
+def number(cell: str) -> float:
+    """The first number of a cell ("0.123 ± 0.004" -> 0.123, "1.78%" -> 1.78, "nan" -> nan)."""
+    match = re.search(r"[-+]?(\d+\.?\d*(e[-+]?\d+)?|nan)", cell)
+    assert match, f"no number in {cell!r}"
+    return float(match.group(0))
+
+
+# ---------------------------------------------------------------------------------------- per-script checks
+# Each: (extra command-line arguments given tmp_path and the fixtures' values, check(stdout, tmp_path)).
+
+
+def _check_generation(out, tmp):
+    header, rows = table_with(out, "prompt tokens")
+    assert header == ["prompt tokens", "shared_prefix", "generate", "shared_prefix / generate"]
+    assert [row[0] for row in rows] == ["5", "16"]
+    for row in rows:
+        shared, plain, ratio = (number(c) for c in row[1:])
+        assert shared > 0 and plain > 0 and ratio == pytest.approx(shared / plain, abs=0.01)
+
+
+def _check_grpo_step(out, tmp):
+    header, rows = table_with(out, "sync")
+    assert header == ["sync", "s/step (median)", "std", "peak GPU MiB"]
+    assert [row[0] for row in rows] == ["none", "every step"]
+    assert all(number(row[1]) > 0 and number(row[2]) >= 0 for row in rows)
+    header, rows = table_with(out, "method")
+    assert header == ["method", "ms", "× floor"]
+    assert [row[0] for row in rows] == [
+        "bandwidth floor (3 × bytes / copy BW)",
+        "trl sync (mix_tensors_, fp32 maths)",
+        "naive per-parameter mul_/add_",
+    ]
+    assert number(rows[0][2]) == 1.0 and all(number(row[1]) > 0 for row in rows)
+
+
+def _check_sync_zero3(out, tmp):
+    header, rows = table_with(out, "sync")
+    assert header == [
+        "sync",
+        "time of one sync (ms)",
+        "extra peak RSS per rank (MiB)",
+        "% of model bytes",
+        "torch bytes allocated per rank (MiB)",
+        "% of model bytes",
+    ]
+    assert [row[0] for row in rows] == ["shard-local (trl)", "gather-everything (baseline)"]
+    assert all(number(row[1]) > 0 for row in rows)
+    local, gathered = (number(row[4]) for row in rows)
+    assert local < gathered  # the baseline materialises every full tensor; the shard-local sync allocates ~nothing
+    assert "Qwen2 1 layers × hidden 64, vocab 1000" in out
+
+
+def _check_upstream_loss(out, tmp):
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("case "))
+    assert lines[start].split() == [
+        "case",
+        "loss",
+        "(ours)",
+        "|Δ",
+        "loss|",
+        "|Δ",
+        "grad|",
+        "|Δ",
+        "metric|",
+        "upstream-only",
+        "metrics",
+    ]
+    rows = lines[start + 1 : start + 7]
+    assert [row[:30].strip() for row in rows] == [
+        "grpo",
+        "dapo+kl",
+        "cispo+sequence+kl",
+        "dapo+top entropy+kl",
+        "grpo+adaptive entropy",
+        "dapo+bonus+aux, accum 4",
+    ]
+    worst = re.search(r"largest differences: loss (\S+), gradient (\S+), metric (\S+)", out)
+    assert worst, out
+    loss, grad, metric = (float(x) for x in worst.groups())
+    assert loss < 1e-8 and grad < 1e-8 and metric < 1e-5  # float64 tensors; the metrics are logged in float32
+
+
+def _check_upstream_trl(out, tmp):
+    header, rows = table_with(out, "case")
+    assert header[:8] == [
+        "case",
+        "implementation",
+        "s/step median (wall)",
+        "per-run medians",
+        "CPU s/step median",
+        "ratio ours/upstream (wall, CPU)",
+        "peak RSS MB",
+        "completion tokens",
+    ]
+    parts = ("generate", "reward", "ref_old_logps", "prepare_rest", "fwd_bwd", "optimizer", "sync", "other")
+    assert header[8:] == [f"{p} ms" for p in parts]
+    assert [(row[0], row[1].split()[0]) for row in rows] == [("sync=every", "ours"), ("sync=every", "upstream")]
+    assert rows[1][1] == f"upstream {UPSTREAM_TRL_VERSION}"
+    ours, upstream = rows
+    assert number(ours[2]) > 0 and number(upstream[2]) > 0 and upstream[5] == "-"
+    assert number(ours[5]) == pytest.approx(number(ours[2]) / number(upstream[2]), abs=0.01)
+    assert 0 < number(ours[7]) <= 8 and 0 < number(upstream[7]) <= 8  # max_completion_length 8
+    assert "GRPO step, preset tiny:" in out and "2 steps/run, first 1 dropped" in out
+    with open(tmp / "steps.json") as f:
+        steps = json.load(f)
+    assert sorted(steps) == ["ours/every/", "upstream/every/"]
+    assert all(len(runs) == 1 and len(runs[0]["times"]) == 2 for runs in steps.values())
+
+
+def _check_lora_memory(out, tmp):
+    header, rows = table_with(out, "model")
+    assert header == ["model", "full reference copy", "reference adapter", "ratio"]
+    assert [row[0] for row in rows] == ["tiny (tests)", "Qwen2 0.5B shape"]
+    full, adapter, ratio = (number(c) for c in rows[1][1:])
+    assert 900 < full < 1000 and adapter < full and ratio == pytest.approx(100 * adapter / full, abs=0.01)
+
+
+def _check_results(tmp, plot_name: str) -> dict:
+    with open(tmp / "out" / "results.json") as f:
+        results = json.load(f)
+    assert os.path.getsize(tmp / "out" / plot_name) > 0, "the smoke run writes its figure into --output_dir"
+    return results
+
+
+def _check_cold_start(out, tmp):
+    header, rows = table_with(out, "β")
+    assert header == ["β", "KL correction", "arm", "final accuracy (n=1)", "final KL", "accuracy per seed"]
+    assert [row[:3] for row in rows] == [
+        ["0.5", "on", "fixed reference"],
+        ["0.5", "on", "hard sync (α=1, τ=1)"],
+        ["0.5", "on", "soft sync (α=0.6, τ=1)"],
+    ]
+    assert all(0 <= number(row[3]) <= 1 and number(row[4]) >= 0 for row in rows)
+    runs = _check_results(tmp, "iterative_grpo_cold_start.png")["runs"]
+    assert [(r["arm"], r["steps"], r["num_syncs"]) for r in runs] == [
+        ("fixed", [1, 2], 0),
+        ("hard", [1, 2], 2),
+        ("soft", [1, 2], 2),
+    ]
+
+
+def _check_reward_model(out, tmp):
+    header, rows = table_with(out, "reward model (2 steps, 1 seeds)")
+    assert header[1:] == [
+        "true reward, step 1",
+        "final true reward",
+        "final RM prediction σ(score)",
+        "final gap (prediction − true)",
+    ]
+    assert [row[0] for row in rows] == ["(a) frozen", "(b) refreshed every 1 steps, 10% replay"]
+    for row in rows:
+        true, predicted, gap = number(row[2]), number(row[3]), number(row[4])
+        assert 0 <= true <= 1 and 0 <= predicted <= 1 and gap == pytest.approx(predicted - true, abs=2e-3)
+    runs = _check_results(tmp, "reward_model_refresh.png")["runs"]
+    assert [(r["arm"], r["steps"], r["num_updates"]) for r in runs] == [
+        ("frozen", [1, 2], 0),
+        ("refreshed", [1, 2], 2),
+    ]
+
+
+def _check_real_model(out, tmp):
+    header, rows = table_with(out, "β")
+    assert header == [
+        "β",
+        "arm",
+        "final train accuracy (n=1)",
+        "held-out accuracy after",
+        "held-out per seed",
+        "final KL",
+    ]
+    assert [row[:2] for row in rows] == [["0.5", "fixed reference"], ["0.5", "soft sync (α=0.6, τ=1)"]]
+    assert all(0 <= number(row[2]) <= 1 and 0 <= number(row[3]) <= 1 for row in rows)
+    assert "SmolLM2-135M-Instruct, 2 steps of 1 prompts × 4 completions" in out
+    results = _check_results(tmp, "iterative_grpo_real_model.png")
+    assert [(r["arm"], r["steps"], r["num_syncs"], len(r["heldout_completions"])) for r in results["runs"]] == [
+        ("fixed", [1, 2], 0, 4),
+        ("soft", [1, 2], 2, 4),
+    ]
+
+
+def _output_dir(tmp, values):
+    return ["--output_dir", str(tmp / "out")]
+
+
+CHECKS = {
+    "benchmark_generation.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_generation),
+    "benchmark_grpo_step.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_grpo_step),
+    "benchmark_sync_zero3.py": (lambda tmp, values: [], _check_sync_zero3),
+    "compare_upstream_loss.py": (
+        lambda tmp, values: ["--upstream_python", values["upstream_python"]],
+        _check_upstream_loss,
+    ),
+    "compare_upstream_trl.py": (
+        lambda tmp, values: [
+            "--upstream_python",
+            values["upstream_python"],
+            "--model_dir",
+            str(tmp / "model"),
+            "--json",
+            str(tmp / "steps.json"),
+        ],
+        _check_upstream_trl,
+    ),
+    "lora_reference_memory.py": (lambda tmp, values: [], _check_lora_memory),
+    "reproduce_cold_start.py": (_output_dir, _check_cold_start),
+    "reproduce_reward_model.py": (_output_dir, _check_reward_model),
+    "reproduce_real_model.py": (
+        lambda tmp, values: _output_dir(tmp, values) + ["--model_dir", values["smollm2_path"]],
+        _check_real_model,
+    ),
+}
+# The fixtures (and other values) each script's arguments need; built only when that script is collected.
+NEEDS = {
+    "compare_upstream_loss.py": ("upstream_python",),
+    "compare_upstream_trl.py": ("upstream_python",),
+    "reproduce_real_model.py": ("smollm2_path",),
+}
+
+
+@pytest.fixture(scope="module")
+def upstream_python() -> str:
+    return upstream_trl_python_or_skip()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_benchmark_smoke(script, tmp_path, request):
+    """`python benchmarks/<script> --smoke` exits 0 and prints its table with the expected header and values."""
+    assert script in CHECKS, f"benchmarks/{script} has no smoke check: give it a --smoke mode and add it to CHECKS"
+    arguments, check = CHECKS[script]
+    values = {name: request.getfixturevalue(name) for name in NEEDS.get(script, ())}
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", script), "--smoke", *arguments(tmp_path, values)]
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    seconds = time.perf_counter() - start
+    assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-8000:]}"
+    print(f"{script} --smoke: {seconds:.0f} s")
+    check(done.stdout, tmp_path)
