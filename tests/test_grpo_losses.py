@@ -118,6 +118,8 @@ def test_group_advantages_errors():
         ([1e20, -1e20, 0.0, 1.0], "group"),  # the variance overflows: every advantage would be 0
         ([3e38, 3e38, 1.0, 0.0], "group"),  # the sum overflows: the advantages would be NaN
         ([3e38, 3e38, 1.0, 0.0], "none"),
+        ([3e38, -3e38, -3e38, 0.0], "none"),  # a finite mean, but r − mean overflows
+        ([3e38, -3e38, -3e38, 0.0], "batch"),
     ],
 )
 def test_group_advantages_refuse_rewards_whose_statistics_overflow(rewards, scale_rewards):

@@ -610,6 +610,27 @@ def test_reward_beyond_float32_raises_naming_the_function(value, shown):
     assert reward_column([3.4e38, -3.4e38], "big", 2) == [3.4e38, -3.4e38]  # within float32: kept
 
 
+def test_an_int_beyond_float64_raises_the_named_error():
+    with pytest.raises(ValueError, match=r"^Reward function 'huge' returned inf for completion 0: it must return"):
+        reward_column([10**400, 1], "huge", 2)
+
+
+def test_every_reward_function_runs_before_a_bad_return_is_raised():
+    """A later reward (a model's forward may be collective under ZeRO-3/FSDP2) still runs on the failing process."""
+    called = []
+
+    def bad(completions, **kwargs):
+        return 0.5
+
+    def later(completions, **kwargs):
+        called.append(len(completions))
+        return [1.0] * len(completions)
+
+    with pytest.raises(TypeError, match=r"^Reward function 'bad' returned a float \(0.5\) instead of a list"):
+        call_reward_funcs([bad, later], ["bad", "later"], [None, None], ["p", "p"], ["a", "b"], [[1], [2]], {})
+    assert called == [2]
+
+
 def test_reward_beyond_float32_raises_through_call_reward_funcs():
     def big(completions, **kwargs):
         return [1e39] + [0.0] * (len(completions) - 1)
@@ -633,7 +654,9 @@ def test_weighted_reward_overflow_raises_naming_the_function_and_weight():
         )
     with pytest.raises(ValueError, match=r"^The weighted reward overflows float32 for reward function 0 \(reward 3e"):
         combine_rewards(rewards, weights)  # without names: the function's index
-    assert torch.isfinite(aggregate_rewards(rewards, torch.tensor([1.0, 1.0]), 4).advantages).all()  # 3e38 × 1 fits
+    # 3e38 × 1 fits in float32, but that group's standard deviation does not (it would zero every advantage)
+    with pytest.raises(ValueError, match=r"too large for their group statistics"):
+        aggregate_rewards(rewards, torch.tensor([1.0, 1.0]), 4)
 
 
 def test_weighted_sum_overflow_raises_naming_the_completion():

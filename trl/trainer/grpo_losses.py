@@ -91,12 +91,14 @@ def group_advantages(
         advantages = centred
     else:
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}.")
+    _check_finite_statistics(mean, advantages)  # r − mean itself can overflow while the mean does not
     return advantages.reshape(-1)
 
 
 def _check_finite_statistics(mean: torch.Tensor, std: torch.Tensor) -> None:
-    """Raise a `ValueError` when finite rewards are too large for their mean or standard deviation in their dtype
-    (e.g. ±1e20 in one float32 group: the variance overflows, and every advantage would silently become 0)."""
+    """Raise a `ValueError` when finite rewards are too large for their mean, standard deviation (or advantages) in
+    their dtype (e.g. ±1e20 in one float32 group: the variance overflows, and every advantage would silently become
+    0; 3e38 and −3e38: r − mean overflows)."""
     if not (torch.isfinite(mean).all() and torch.isfinite(std).all()):
         raise ValueError(
             "The rewards are too large for their group statistics: their mean or standard deviation overflows "

@@ -253,8 +253,8 @@ def _as_float(value: Any) -> float | None:
         return None
     try:
         return float(value)
-    except OverflowError:  # an int beyond float range
-        return math.copysign(math.inf, value)
+    except OverflowError:  # an int beyond float range (not converted again: that would overflow too)
+        return math.inf if value > 0 else -math.inf
 
 
 def reward_column(values: Any, name: str, num_completions: int) -> list[float]:
@@ -360,22 +360,36 @@ def call_reward_funcs(
     rewards = torch.zeros(n, len(funcs), dtype=torch.float32)
     pending = []  # (column, coroutine)
     call_kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **reward_kwargs)
+    # A bad return is raised after every function has run: a reward model's forward may be collective (ZeRO-3,
+    # FSDP2), so a process must not skip the later ones because its own data failed an earlier check.
+    errors: list[Exception] = []
     for i, (func, name, tokenizer) in enumerate(zip(funcs, names, processing_classes)):
         if isinstance(func, nn.Module):
             scores = reward_model_scores(func, tokenizer, prompts, completions, chat_template_kwargs, device).cpu()
-            check_reward_model_scores(scores, func, name)
+            try:
+                check_reward_model_scores(scores, func, name)
+            except ValueError as error:
+                errors.append(error)
             rewards[:, i] = scores
         elif is_async_reward_func(func):
             pending.append((i, func(**call_kwargs)))
         else:
-            rewards[:, i] = torch.tensor(reward_column(func(**call_kwargs), name, n))
+            try:
+                rewards[:, i] = torch.tensor(reward_column(func(**call_kwargs), name, n))
+            except (TypeError, ValueError) as error:
+                errors.append(error)
     if pending:
         if loop is None:
             for _, coroutine in pending:
                 coroutine.close()
             raise ValueError("Async reward functions need a RewardEventLoop to run on.")
         for (i, _), values in zip(pending, loop.run([c for _, c in pending])):
-            rewards[:, i] = torch.tensor(reward_column(values, names[i], n))
+            try:
+                rewards[:, i] = torch.tensor(reward_column(values, names[i], n))
+            except (TypeError, ValueError) as error:
+                errors.append(error)
+    if errors:
+        raise errors[0]
     message = all_none_message(rewards, prompts, completions, reward_kwargs)
     if message is not None:
         logger.warning(message)
