@@ -8,6 +8,7 @@ import sys
 import pytest
 import yaml
 
+from trl import GRPOTrainer
 from trl.cli import main as cli_main
 from trl.models.tiny import build_tiny_causal_lm
 from trl.models.utils import PathNotFoundError
@@ -91,6 +92,28 @@ def test_cli_flags_train_and_sync(tmp_path, model_dir):
     assert trainer.sync_callback.num_syncs == 2
     assert trainer.reward_func_names == ["closeness_reward", "accuracy_reward"]
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_cli_resumes_from_checkpoint(tmp_path, model_dir, monkeypatch):
+    """`--resume_from_checkpoint` continues the run (it was parsed and then ignored: the run restarted at step 0)."""
+    data = str(tmp_path / "d.jsonl")
+    make_arithmetic_dataset(32).to_json(data)
+    flags = ["--model_name_or_path", model_dir, "--dataset_name", data, "--reward_funcs", "closeness_reward"]
+    flags += ["--beta", "0.04", "--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--logging_steps", "1"]
+    flags += ["--output_dir", str(tmp_path / "out"), *COMMON, "--save_strategy", "steps", "--save_steps", "1"]
+    grpo_main([*flags, "--max_steps", "1"])
+    checkpoint = str(tmp_path / "out" / "checkpoint-1")
+    trained_steps = []
+    training_step = GRPOTrainer.training_step
+
+    def counting(self, *args, **kwargs):
+        trained_steps.append(self.state.global_step)
+        return training_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "training_step", counting)
+    resumed = grpo_main([*flags, "--max_steps", "2", "--resume_from_checkpoint", checkpoint])
+    assert resumed.state.global_step == 2 and trained_steps == [1]  # only step 2 is trained again
+    assert resumed.sync_callback.num_syncs == 2  # the checkpoint's sync plus one
 
 
 def test_cli_yaml_config_with_override(tmp_path, model_dir):

@@ -141,8 +141,9 @@ def build_trainer(argv: list[str] | None = None) -> GRPOTrainer:
 
 
 def train(trainer: GRPOTrainer) -> GRPOTrainer:
-    """Train, then save the model to `output_dir`."""
-    trainer.train()
+    """Train (from the checkpoint folder `--resume_from_checkpoint` names, as TRL's script does), then save the model
+    to `output_dir`."""
+    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
     trainer.save_model(trainer.args.output_dir)
     return trainer
 
