@@ -21,10 +21,10 @@ from trl.trainer.grpo_checkpoint import (
     checkpoint_sync_settings,
     load_generation_buffer,
     load_reference_state,
-    non_persistent_buffer_names,
     reference_state_without_file,
     save_generation_buffer,
 )
+from trl.trainer.ref_sync import non_persistent_buffer_names
 
 
 def test_generation_buffer_round_trip_and_other_world_size(tmp_path, caplog):

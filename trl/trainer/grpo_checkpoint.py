@@ -66,17 +66,6 @@ def save_reference_state(
         json.dump(sync_state, f)
 
 
-def non_persistent_buffer_names(model: nn.Module | None) -> set[str]:
-    """Names of `model`'s non-persistent buffers (derived tensors such as rotary `inv_freq`, not in its state dict)."""
-    if model is None:
-        return set()
-    return {
-        f"{prefix}.{name}" if prefix else name
-        for prefix, module in model.named_modules()
-        for name in module._non_persistent_buffers_set
-    }
-
-
 def load_reference_state(
     tensors: dict[str, torch.Tensor], checkpoint: str, file_name: str, ignorable: Collection[str] = ()
 ) -> dict | None:

@@ -40,7 +40,6 @@ from .grpo_checkpoint import (
     add_missing_callback_states,
     load_generation_buffer,
     load_reference_state,
-    non_persistent_buffer_names,
     reference_state_without_file,
     reference_tensors,
     save_generation_buffer,
@@ -89,7 +88,7 @@ from .grpo_rewards import (
     weighted_rewards,
 )
 from .grpo_scoring import cast_lm_head_to_fp32, gather_valid_entropies, router_aux_loss_settings, score_completions
-from .ref_sync import make_reference
+from .ref_sync import make_reference, non_persistent_buffer_names
 from .reward_model_refresh import RewardModelRefresh
 
 

@@ -21,6 +21,17 @@ from .layouts import full_shape, gathered_tensor, local_part, partitioning
 REFERENCE_ADAPTER = "ref"  # name of the frozen reference adapter of a PEFT policy
 
 
+def non_persistent_buffer_names(model: nn.Module | None) -> set[str]:
+    """Names of `model`'s non-persistent buffers (derived tensors such as rotary `inv_freq`, not in its state dict)."""
+    if model is None:
+        return set()
+    return {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in model.named_modules()
+        for name in module._non_persistent_buffers_set
+    }
+
+
 def named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors a sync mixes and a checkpoint saves, by name: parameters, then persistent floating-point buffers.
 
@@ -29,14 +40,10 @@ def named_float_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     `original_inv_freq`), so mixing two models' copies would give neither model's values.
     """
     yield from model.named_parameters()
-    seen: set[int] = set()
-    for prefix, module in model.named_modules():
-        for name, buffer in module._buffers.items():
-            derived = name in module._non_persistent_buffers_set
-            if buffer is None or derived or not buffer.is_floating_point() or id(buffer) in seen:
-                continue
-            seen.add(id(buffer))
-            yield (f"{prefix}.{name}" if prefix else name), buffer
+    derived = non_persistent_buffer_names(model)
+    for name, buffer in model.named_buffers():
+        if buffer.is_floating_point() and name not in derived:
+            yield name, buffer
 
 
 @dataclass
