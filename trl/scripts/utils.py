@@ -103,3 +103,16 @@ def dataset_split(dataset: DatasetDict, split: str, name: str) -> Dataset:
     if split not in dataset:
         raise ValueError(f"The dataset {name!r} has no split {split!r}; its splits are {sorted(dataset)}.")
     return dataset[split]
+
+
+@dataclass
+class DatasetMixtureConfig:  # STUB: being written
+    datasets: list | None = None
+
+
+def get_dataset(mixture_config):  # STUB: being written
+    raise NotImplementedError
+
+
+def init_zero_verbose():  # STUB: being written
+    raise NotImplementedError

@@ -145,3 +145,11 @@ class RewardModelRefreshCallback(TrainerCallback):
         steps = getattr(args, "reward_model_update_steps", None)
         if steps and state.global_step % steps == 0:
             self.refresh.update(state.global_step)
+
+
+class RichProgressCallback(TrainerCallback):  # STUB: being written
+    pass
+
+
+class LogCompletionsCallback(TrainerCallback):  # STUB: being written
+    pass
