@@ -233,7 +233,7 @@ def main(argv=None) -> dict:
     print(
         "same pipeline from the command line:\n"
         f"  trl grpo --model_name_or_path {model_dir} --dataset_name {os.path.join(args.output_dir, 'prompts.jsonl')} "
-        "--reward_funcs accuracy_reward --per_device_train_batch_size 64 --num_generations 8 "
+        "--reward_funcs trl.tasks.arithmetic.accuracy_reward --per_device_train_batch_size 64 --num_generations 8 "
         f"--max_completion_length 1 --learning_rate {args.learning_rate} --beta {args.beta} --sync_ref_model "
         f"--ref_model_mixup_alpha {args.alpha} --ref_model_sync_steps {args.sync_steps} --max_steps 50 --bf16 false "
         f"--gradient_checkpointing false --use_cpu --report_to none --output_dir {os.path.join(args.output_dir, 'cli_run')}"

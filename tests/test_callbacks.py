@@ -280,3 +280,168 @@ def test_attach_binds_a_user_callback_or_adds_one():
     empty = CallbackHandler([], None, None, None, None)
     added = SyncRefModelCallback.attach(empty, reference, accelerator)
     assert empty.callbacks == [added] and added is not mine and added.ref_model is reference
+
+
+# ---------------------------------------------------------------- RichProgressCallback and LogCompletionsCallback
+
+
+class PeekAtLogs(TrainerCallback):
+    """After a RichProgressCallback in the list: the title of its status panel after each `on_log` update."""
+
+    def __init__(self, rich):
+        self.rich, self.titles = rich, []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.titles.append(self.rich.training_status.status.title)
+
+
+class PeekAtEnd(TrainerCallback):
+    """Before a RichProgressCallback in the list: its training task at `on_train_end` (which then resets it)."""
+
+    def __init__(self, rich):
+        self.rich, self.at_end = rich, None
+
+    def on_train_end(self, args, state, control, **kwargs):
+        task = self.rich.training_bar.tasks[0]
+        self.at_end = (task.completed, task.total, task.finished, self.rich.current_step)
+
+
+def test_rich_progress_callback_tracks_the_steps(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    from trl import RichProgressCallback
+
+    rich = RichProgressCallback()
+    at_end, after_log = PeekAtEnd(rich), PeekAtLogs(rich)
+    trainer = make_trainer(
+        tiny_lm_path, arithmetic_dataset, grpo_kwargs, callbacks=[at_end, rich, after_log], max_steps=2
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert at_end.at_end == (2, 2, True, 2)
+    # One status panel per log: the two step logs, then the train summary (logged at the last step).
+    assert after_log.titles == [f"[bold green]Step {step}[/bold green]" for step in (1, 2, 2)]
+    assert rich.training_bar is None and rich.rich_group is None  # reset at train end, as TRL does
+    assert "loss" in trainer.state.log_history[0]
+
+
+def fake_reporters(monkeypatch):
+    """Fake `wandb` and `comet_ml` modules; returns the lists their `log` / `log_table` calls are appended to."""
+    import importlib.machinery
+    import sys
+    import types
+
+    wandb_logs, comet_tables = [], []
+    wandb = types.ModuleType("wandb")
+    wandb.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    wandb.log = lambda data: wandb_logs.append(data)
+
+    class Experiment:
+        def log_table(self, tabular_data, filename):
+            comet_tables.append((filename, tabular_data))
+
+    comet = types.ModuleType("comet_ml")
+    comet.__spec__ = importlib.machinery.ModuleSpec("comet_ml", None)
+    comet.get_running_experiment = Experiment
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setitem(sys.modules, "comet_ml", comet)
+    return wandb_logs, comet_tables
+
+
+CHAT_PROMPTS = [[{"role": "user", "content": f"{a}+{b}="}] for a, b in ((1, 2), (3, 4), (5, 6))]
+
+
+def test_log_completions_callback_logs_a_growing_table(tiny_lm_path, arithmetic_dataset, grpo_kwargs, monkeypatch):
+    from datasets import Dataset
+    from transformers import GenerationConfig
+
+    from trl import LogCompletionsCallback
+
+    wandb_logs, comet_tables = fake_reporters(monkeypatch)
+    trainer = make_trainer(tiny_lm_path, arithmetic_dataset, grpo_kwargs, max_steps=2)
+    trainer.eval_dataset = Dataset.from_dict({"prompt": CHAT_PROMPTS, "answer": [3, 7, 11]})
+    tokenizer = trainer.processing_class
+    config = GenerationConfig(
+        max_new_tokens=3, do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
+    )
+    callback = LogCompletionsCallback(trainer, generation_config=config, num_prompts=2, freq=1)
+    trainer.add_callback(callback)
+    trainer.args.report_to = ["wandb", "comet_ml"]  # after construction: no real integration callbacks
+    tokenizer.padding_side = "right"  # the callback pads left for generation, then puts this back
+    trainer.train()
+    assert tokenizer.padding_side == "right" and trainer.model.training
+
+    rendered = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in CHAT_PROMPTS[:2]]
+    assert rendered[0] == "<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n"
+    assert [list(log) for log in wandb_logs] == [["completions"], ["completions"]]
+    first, second = (log["completions"] for log in wandb_logs)
+    assert list(first.columns) == list(second.columns) == ["step", "prompt", "completion"]
+    assert first["step"].tolist() == ["1", "1"] and first["prompt"].tolist() == rendered
+    assert second["step"].tolist() == ["1", "1", "2", "2"] and second["prompt"].tolist() == rendered * 2
+    assert second.values.tolist()[:2] == first.values.tolist()  # the table grows
+    assert callback.table == second.values.tolist()
+    # Step 2's completions are the trained model's greedy ones (on_step_end runs after the optimizer step).
+    tokenizer.padding_side = "left"
+    batch = tokenizer(rendered, return_tensors="pt", padding=True)
+    output = trainer.model.generate(**batch, generation_config=config)
+    expected = tokenizer.batch_decode(output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert second["completion"].tolist()[2:] == expected
+    assert [name for name, _ in comet_tables] == ["completions.csv"] * 2
+    assert comet_tables[-1][1].values.tolist() == callback.table
+
+
+def test_log_completions_frequency_defaults_to_eval_steps(monkeypatch):
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from datasets import Dataset
+
+    from trl import LogCompletionsCallback
+
+    wandb_logs, _ = fake_reporters(monkeypatch)
+    trainer = SimpleNamespace(eval_dataset=Dataset.from_dict({"prompt": ["1+1=", "2+2=", "3+3="]}))
+    trainer.accelerator = Accelerator(cpu=True)
+    callback = LogCompletionsCallback(trainer)
+    monkeypatch.setattr(callback, "_generate", lambda prompts, tokenizer, batch_size: [p[::-1] for p in prompts])
+    args = SimpleNamespace(report_to=["wandb"], per_device_eval_batch_size=2)
+    for step in (1, 2, 3, 3, 4, 5, 6):  # step 3 twice: logged once
+        callback.on_step_end(args, SimpleNamespace(global_step=step, eval_steps=3), None, processing_class=None)
+    assert [log["completions"]["step"].tolist() for log in wandb_logs] == [["3"] * 3, ["3"] * 3 + ["6"] * 3]
+    assert wandb_logs[-1]["completions"]["completion"].tolist()[:3] == ["=1+1", "=2+2", "=3+3"]
+    args.report_to = []  # neither wandb nor comet_ml: rows are kept, nothing is sent
+    callback.on_step_end(args, SimpleNamespace(global_step=9, eval_steps=3), None, processing_class=None)
+    assert len(wandb_logs) == 2 and len(callback.table) == 9
+
+
+def test_log_completions_needs_an_eval_dataset():
+    from types import SimpleNamespace
+
+    from trl import LogCompletionsCallback
+
+    with pytest.raises(ValueError, match="needs a trainer with an evaluation dataset"):
+        LogCompletionsCallback(SimpleNamespace(eval_dataset=None))
+
+
+def test_log_completions_with_offline_wandb(tiny_lm_path, arithmetic_dataset, grpo_kwargs, tmp_path, monkeypatch):
+    """A real wandb run, offline (wandb is not a test dependency: skipped where it is not installed)."""
+    import glob
+    import json
+
+    wandb = pytest.importorskip("wandb")
+    from datasets import Dataset
+    from transformers import GenerationConfig
+
+    from trl import LogCompletionsCallback
+
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    trainer = make_trainer(tiny_lm_path, arithmetic_dataset, grpo_kwargs, report_to=["wandb"], max_steps=1)
+    trainer.eval_dataset = Dataset.from_dict({"prompt": ["1+2=", "3+4="]})
+    config = GenerationConfig(max_new_tokens=2, do_sample=False, pad_token_id=trainer.processing_class.pad_token_id)
+    callback = LogCompletionsCallback(trainer, generation_config=config, freq=1)
+    trainer.add_callback(callback)
+    trainer.train()
+    wandb.finish()
+    [path] = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "files" / "media" / "table" / "completions_*.json"))
+    with open(path) as f:
+        logged = json.load(f)
+    assert logged["columns"] == ["step", "prompt", "completion"]
+    assert logged["data"] == callback.table and [row[:2] for row in logged["data"]] == [["1", "1+2="], ["1", "3+4="]]

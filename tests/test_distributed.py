@@ -369,3 +369,21 @@ def test_reward_error_on_one_process_is_raised_on_every_process(model_dir, tmp_p
     ]
     assert f"rank 0 raised TypeError: {local}" in proc.stdout
     assert f"rank 1 raised TypeError: reward function error on process 0: {local}" in proc.stdout
+
+
+STREAM_WORKER = os.path.join(ROOT, "tests", "distributed_workers", "stream_worker.py")
+
+
+def test_stream_gives_each_rank_the_groups_of_the_map_style_run(model_dir, tmp_path):
+    """2 steps, shuffle off, 16 prompts streamed from two shards (which accelerate would hand out one per process),
+    generation batches of 8 prompts × 2 completions: each rank trains on the prompts `RepeatSampler` and accelerate's
+    `BatchSamplerShard` give it with the map-style dataset (rank 0 the first 4 of each generation batch, rank 1 the
+    next 4; measured equal to a map-style run, weights included), to the same weights on both ranks.
+
+    Before `WholeStream`, as in TRL 1.16, rank 0 trained on 0+0…0+3 at both steps and rank 1 on 2+0…2+3."""
+    results = _launch("ddp", model_dir, tmp_path, timeout=120, worker=STREAM_WORKER)
+    prompts = [f"{a}+{b}=" for a in range(4) for b in range(4)]
+    for rank, result in enumerate(results):
+        expected = [[p for p in prompts[8 * k + 4 * rank : 8 * k + 4 * rank + 4] for _ in range(2)] for k in range(2)]
+        assert result["prompts"] == expected, rank
+    assert results[0]["weights"] == results[1]["weights"]

@@ -145,7 +145,7 @@ def test_resolved_defaults(base):
 
 
 def test_sync_without_beta_is_an_error_with_trl_defaults(base):
-    with pytest.raises(ValueError, match=re.escape("sync_ref_model=True needs a reference model, but beta=0.0")):
+    with pytest.raises(ValueError, match=re.escape("`sync_ref_model=True` while `beta=0.0` has nothing to sync")):
         GRPOConfig(**base, sync_ref_model=True)
     assert GRPOConfig(**base, sync_ref_model=True, beta=0.04).sync_ref_model is True
 
@@ -153,10 +153,16 @@ def test_sync_without_beta_is_an_error_with_trl_defaults(base):
 @pytest.mark.parametrize(
     "overrides, warning",
     [
-        (dict(loss_type="luspo"), "loss_type='luspo' is defined with importance_sampling_level='sequence'"),
-        (dict(loss_type="vespo", importance_sampling_level="sequence"), "loss_type='vespo' builds its own"),
-        (dict(importance_sampling_level="sequence"), "loss_type='dapo' sums per-token terms"),
-        (dict(importance_sampling_level="sequence", loss_type="cispo"), "loss_type='cispo' sums per-token terms"),
+        (dict(loss_type="luspo"), "loss_type='luspo' is defined with sequence-level importance weights"),
+        (
+            dict(loss_type="vespo", importance_sampling_level="sequence"),
+            "loss_type='vespo' builds its own sequence-level weights",
+        ),
+        (dict(importance_sampling_level="sequence"), "the `'dapo'` loss sums per-token contributions"),
+        (
+            dict(importance_sampling_level="sequence", loss_type="cispo"),
+            "the `'cispo'` loss sums per-token contributions",
+        ),
     ],
 )
 def test_loss_combination_warnings(base, monkeypatch, overrides, warning):
@@ -225,21 +231,28 @@ INVALID = [
     (dict(ref_model_mixup_alpha=1.5), "ref_model_mixup_alpha must be in (0, 1] (got 1.5)"),
     (dict(ref_model_mixup_alpha=-0.1), "ref_model_mixup_alpha must be in (0, 1] (got -0.1)"),
     (dict(ref_model_sync_steps=0), "ref_model_sync_steps must be at least 1 (got 0)."),
-    (dict(num_generations=1), "num_generations must be at least 2 (got 1): GRPO needs a group."),
+    (
+        dict(num_generations=1),
+        "num_generations must be at least 2 (got 1): GRPO requires at least 2 generations per prompt, since each",
+    ),
     (
         dict(per_device_train_batch_size=3, num_generations=2),
-        "The generation batch (3 completions = per_device_train_batch_size 3 × 1 processes × steps_per_generation 1) "
-        "must be divisible by num_generations (2)",
+        "generation_batch_size (3) must be divisible by num_generations (2). The generation batch (3 completions = "
+        "per_device_train_batch_size 3 × 1 processes × steps_per_generation 1) must hold whole groups",
     ),
     (
         dict(sync_ref_model=True, beta=0.0),
-        "sync_ref_model=True needs a reference model, but beta=0.0 loads none: set beta > 0 or sync_ref_model=False.",
+        "`sync_ref_model=True` while `beta=0.0` has nothing to sync: beta=0.0 loads no reference model; set beta > 0 or "
+        "sync_ref_model=False.",
     ),
     (
         dict(loss_type="ppo"),
-        "loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo (got 'ppo').",
+        "Unknown loss type: ppo. loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo.",
     ),
-    (dict(importance_sampling_level="seq"), "importance_sampling_level must be 'token' or 'sequence' (got 'seq')."),
+    (
+        dict(importance_sampling_level="seq"),
+        "Unknown importance sampling level: seq. importance_sampling_level must be 'token' or 'sequence'.",
+    ),
     (dict(top_entropy_quantile=1.5), "top_entropy_quantile must be in [0, 1] (got 1.5)."),
     (dict(top_entropy_quantile=-0.1), "top_entropy_quantile must be in [0, 1] (got -0.1)."),
     (
@@ -250,15 +263,20 @@ INVALID = [
         dict(entropy_coef_min=0.5, entropy_coef_max=0.1),
         "entropy_coef_min (0.5) must not exceed entropy_coef_max (0.1).",
     ),
-    (dict(scale_rewards="global"), "scale_rewards must be one of group, batch, none (got 'global')."),
+    (
+        dict(scale_rewards="global"),
+        "Invalid value for scale_rewards: global. It must be one of group, batch, none (or True for group, False for none).",
+    ),
     (dict(ref_model_sync_strategy="never"), "ref_model_sync_strategy must be one of steps, epoch (got 'never')."),
     (
         dict(steps_per_generation=2, generation_batch_size=16),
-        "Set steps_per_generation or generation_batch_size, not both.",
+        "'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time: set one of "
+        "them, the other is derived from it.",
     ),
     (
         dict(per_device_train_batch_size=4, num_generations=2, generation_batch_size=10),
-        "generation_batch_size (10) must be a multiple of per_device_train_batch_size × num_processes (4).",
+        "generation_batch_size (10) must be divisible by the global batch size (4): a multiple of "
+        "per_device_train_batch_size × num_processes.",
     ),
     (dict(beta=-0.1), "beta must be >= 0 (got -0.1)."),
     (dict(num_iterations=0), "num_iterations must be at least 1 (got 0)."),
@@ -266,7 +284,7 @@ INVALID = [
     (dict(reward_weights=[]), "reward_weights must be None or a non-empty list."),
     (
         dict(multi_objective_aggregation="mean"),
-        "multi_objective_aggregation must be one of sum_then_normalize, normalize_then_sum (got 'mean').",
+        "Invalid multi_objective_aggregation: mean. It must be one of sum_then_normalize, normalize_then_sum.",
     ),
     (dict(num_generations_eval=0), "num_generations_eval must be at least 1 or None (got 0)."),
     (dict(pad_to_multiple_of=0), "pad_to_multiple_of must be at least 1 or None (got 0)."),
@@ -279,7 +297,10 @@ INVALID = [
         dict(use_transformers_continuous_batching=True),
         "use_transformers_continuous_batching=True asks for continuous batching, which this package does not support",
     ),
-    (dict(use_transformers_paged=True), "use_transformers_paged=True asks for continuous batching (deprecated TRL"),
+    (
+        dict(use_transformers_paged=True),
+        "use_transformers_paged=True asks for continuous batching (`use_transformers_paged` is deprecated in TRL",
+    ),
     (
         dict(transformers_continuous_batching_config={}),
         "transformers_continuous_batching_config={} asks for continuous batching, which this package does not",

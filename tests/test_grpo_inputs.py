@@ -10,10 +10,10 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.grpo_generation import completion_id_lists, pad_completions
 from trl.trainer.grpo_inputs import (
     RepeatSampler,
     derived_seed,
-    ends_with_stop,
     is_conversational,
     micro_steps_done,
     reward_columns,
@@ -156,7 +156,12 @@ def test_mask_is_cut_at_any_stop_token_and_truncation_is_read_from_the_last_toke
     mask = completion_mask(ids, stop_token_ids(2, [2, 1]))
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]
     # Like TRL, a completion whose last token is the pad token counts as ended.
-    assert ends_with_stop(ids, mask, [2, 1, 0]).tolist() == [True, True, False, True]
+    lists = completion_id_lists(ids, stop_token_ids(2, [2, 1]))
+    assert lists == [[5, 1], [5, 6, 2], [5, 6, 7, 8], [5, 6, 7, 0]]
+    padded = pad_completions(lists, 0, [2, 1, 0], mask_truncated_completions=True)
+    assert padded.terminated.tolist() == [True, True, False, True]
+    assert padded.full_mask.tolist() == mask.tolist() and padded.completion_ids.tolist() == ids.tolist()
+    assert padded.mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
 
 
 def test_trainer_stops_at_the_model_generation_config_eos(tiny_lm_path, arithmetic_dataset, grpo_kwargs):

@@ -105,7 +105,9 @@ def test_group_advantages_no_scaling():
 def test_group_advantages_errors():
     with pytest.raises(ValueError, match="5 rewards cannot be split into groups of num_generations=2"):
         group_advantages(torch.zeros(5), 2)
-    with pytest.raises(ValueError, match="scale_rewards must be 'group', 'batch' or 'none', got 'std'"):
+    with pytest.raises(
+        ValueError, match="Invalid value for scale_rewards: std. scale_rewards must be 'group', 'batch' or 'none'"
+    ):
         group_advantages(torch.tensor([0.0, 1.0]), 2, scale_rewards="std")
 
 
@@ -331,7 +333,8 @@ def test_aggregate_loss_empty_mask_is_zero():
 
 def test_aggregate_loss_errors():
     with pytest.raises(
-        ValueError, match="loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo, got 'sum'"
+        ValueError,
+        match="Unknown loss type: sum. loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo",
     ):
         aggregate_loss(PER_TOKEN, MASK, "sum")
     with pytest.raises(ValueError, match="dr_grpo' needs max_completion_length"):
@@ -430,7 +433,10 @@ def test_importance_ratio_token_and_sequence_value_and_gradient():
     # d exp(mean)/d log π_t = exp(mean) / |o| on valid tokens, 0 on padding.
     expected = torch.tensor([[math.exp(0.3) / 2, math.exp(0.3) / 2, 0.0], [math.exp(0.1), 0.0, 0.0]])
     torch.testing.assert_close(logp.grad, expected)
-    with pytest.raises(ValueError, match="importance_sampling_level must be 'token' or 'sequence', got 'seq'"):
+    with pytest.raises(
+        ValueError,
+        match="Unknown importance sampling level: seq. importance_sampling_level must be 'token' or 'sequence'",
+    ):
         importance_ratio(logp, old, mask, "seq")
 
 
@@ -557,7 +563,8 @@ def test_policy_loss_dispatch_matches_the_formulas():
     sapo = per_token_policy_loss(logp, old, adv, mask, loss_type="sapo", sapo_temperature_pos=2.0)
     assert torch.equal(sapo.per_token_loss, sapo_loss(ratio, adv, 2.0, 1.05)) and sapo.metrics == {}
     with pytest.raises(
-        ValueError, match="loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo, got 'ppo'"
+        ValueError,
+        match="Unknown loss type: ppo. loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo",
     ):
         per_token_policy_loss(logp, old, adv, mask, loss_type="ppo")
 

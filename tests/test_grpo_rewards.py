@@ -96,7 +96,9 @@ def test_is_async_reward_func():
 
 @pytest.mark.parametrize("reward_funcs", [None, []])
 def test_no_reward_funcs_raises(reward_funcs):
-    with pytest.raises(ValueError, match=r"GRPOTrainer needs at least one reward: pass `reward_funcs`"):
+    with pytest.raises(
+        ValueError, match=r"No reward source provided: GRPOTrainer needs at least one reward, so pass `reward_funcs`"
+    ):
         load_reward_funcs(reward_funcs)
 
 
@@ -113,12 +115,12 @@ def test_reward_models_do_not_get_the_policys_gguf_file(tiny_rm_path):
 def test_reward_processing_classes_length_must_match(tiny_lm_path):
     # A single tokenizer is a list of one, as in TRL: it does not match two functions ...
     with pytest.raises(
-        ValueError, match=r"lengths of reward_processing_classes \(1\) and reward_funcs \(2\) must match"
+        ValueError, match=r"number of reward processing classes \(1\) must match the number of reward functions \(2\)"
     ):
         load_reward_funcs([length_reward, ClassReward()], reward_processing_classes="tok")
     # ... and two entries do not match a single function.
     with pytest.raises(
-        ValueError, match=r"lengths of reward_processing_classes \(2\) and reward_funcs \(1\) must match"
+        ValueError, match=r"number of reward processing classes \(2\) must match the number of reward functions \(1\)"
     ):
         load_reward_funcs(length_reward, reward_processing_classes=[None, None])
 
@@ -130,7 +132,9 @@ def test_load_reward_funcs_aligns_names_weights_and_tokenizers(tiny_rm_path):
     assert names == ["tiny-rm", "scaled"]
     assert torch.equal(weights, torch.tensor([0.5, 2.0]))
     assert tokenizers[1] is None and tokenizers[0].pad_token_id == funcs[0].config.pad_token_id
-    with pytest.raises(ValueError, match="reward_weights has 1 entries but there are 2 reward functions"):
+    with pytest.raises(
+        ValueError, match=r"Number of reward weights \(1\) must match number of reward functions \(2\)"
+    ):
         load_reward_funcs([length_reward, ClassReward()], reward_weights=[1.0])
 
 
@@ -191,7 +195,7 @@ def test_wrong_length_names_the_function(loop):
     async def short(completions, **kwargs):
         return [1.0]
 
-    with pytest.raises(ValueError, match="Reward function 'short' returned 1 rewards for 2 completions"):
+    with pytest.raises(ValueError, match="Reward function 'short' returned 1 rewards, but 2 were expected"):
         call_reward_funcs([short], ["short"], [None], ["p", "p"], ["a", "b"], [[1], [2]], {}, loop=loop)
 
 
@@ -257,8 +261,8 @@ WRONG_RETURNS = [  # (returned for 2 completions, error type, message)
         TypeError,
         f"Reward function 'bad' returned a torch.Tensor of shape () instead of a list: {LIST_OF_2}",
     ),
-    ([1.0], ValueError, f"Reward function 'bad' returned 1 rewards for 2 completions: {LIST_OF_2}"),
-    ([1.0, 2.0, 3.0], ValueError, f"Reward function 'bad' returned 3 rewards for 2 completions: {LIST_OF_2}"),
+    ([1.0], ValueError, f"Reward function 'bad' returned 1 rewards, but 2 were expected: {LIST_OF_2}"),
+    ([1.0, 2.0, 3.0], ValueError, f"Reward function 'bad' returned 3 rewards, but 2 were expected: {LIST_OF_2}"),
     (["1", 2.0], TypeError, f"Reward function 'bad' returned a str ('1') for completion 0: {LIST_OF_2}"),
     ([1.0, [2.0]], TypeError, f"Reward function 'bad' returned a list ([2.0]) for completion 1: {LIST_OF_2}"),
     ([{"r": 1}, 2.0], TypeError, f"Reward function 'bad' returned a dict ({{'r': 1}}) for completion 0: {LIST_OF_2}"),
@@ -525,7 +529,9 @@ def test_single_completion_groups_get_zero_advantage(aggregation):
 
 
 def test_unknown_aggregation_raises():
-    with pytest.raises(ValueError, match="multi_objective_aggregation must be one of sum_then_normalize, normalize_"):
+    with pytest.raises(
+        ValueError, match="Invalid multi_objective_aggregation: mean. It must be one of sum_then_normalize, normalize_"
+    ):
         aggregate_rewards(torch.ones(2, 1), torch.ones(1), 2, "group", "mean")
 
 

@@ -150,7 +150,10 @@ def test_beta_zero_loads_no_reference_and_logs_no_kl(tiny_lm_path, arithmetic_da
 
 
 def test_sync_ref_model_with_beta_zero_raises(grpo_kwargs):
-    with pytest.raises(ValueError, match="sync_ref_model=True needs a reference model, but beta=0.0 loads none"):
+    with pytest.raises(
+        ValueError,
+        match="`sync_ref_model=True` while `beta=0.0` has nothing to sync: beta=0.0 loads no reference model",
+    ):
         GRPOConfig(**{**grpo_kwargs, "beta": 0.0, "sync_ref_model": True})
 
 
@@ -208,7 +211,9 @@ def test_peft_sync_mixes_a_frozen_reference_adapter(tiny_lm_path, arithmetic_dat
 
 
 def test_reward_weights_length_mismatch_raises(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    with pytest.raises(ValueError, match="reward_weights has 3 entries but there are 2 reward functions"):
+    with pytest.raises(
+        ValueError, match=r"Number of reward weights \(3\) must match number of reward functions \(2\)"
+    ):
         GRPOTrainer(
             tiny_lm_path,
             [first_token_reward, closeness_reward],
@@ -271,7 +276,7 @@ def test_reward_function_wrong_length_raises_with_its_name(tiny_lm_path, arithme
         args=GRPOConfig(**grpo_kwargs),
         train_dataset=arithmetic_dataset,
     )
-    with pytest.raises(ValueError, match="Reward function 'short_reward' returned 7 rewards for 8 completions"):
+    with pytest.raises(ValueError, match="Reward function 'short_reward' returned 7 rewards, but 8 were expected"):
         trainer.train()
 
 
@@ -367,12 +372,14 @@ def test_per_token_logps_do_not_depend_on_left_padding(tiny_lm_path, arithmetic_
         return torch.cat([ids, completion], 1), torch.cat([mask, torch.ones_like(completion)], 1)
 
     with torch.no_grad():
-        base = trainer._get_per_token_logps(trainer.model, *batch(0), logits_to_keep=5)
-        padded = trainer._get_per_token_logps(trainer.model, *batch(3), logits_to_keep=5)
-        alone = trainer._get_per_token_logps(
+        base = trainer._get_per_token_logps_and_entropies(trainer.model, *batch(0), logits_to_keep=5)[0]
+        padded = trainer._get_per_token_logps_and_entropies(trainer.model, *batch(3), logits_to_keep=5)[0]
+        alone = trainer._get_per_token_logps_and_entropies(
             trainer.model, *(t[:1, -(len(prompt_ids[0]) + 5) :] for t in batch(0)), logits_to_keep=5
-        )
-        one_by_one = trainer._get_per_token_logps(trainer.model, *batch(3), logits_to_keep=5, batch_size=1)
+        )[0]
+        one_by_one = trainer._get_per_token_logps_and_entropies(
+            trainer.model, *batch(3), logits_to_keep=5, batch_size=1
+        )[0]
     assert base.shape == (2, 5) and torch.isfinite(base).all() and (base < 0).all()
     assert (base - padded).abs().max().item() < 1e-5
     assert (base[:1] - alone).abs().max().item() < 1e-5  # the short prompt with no padding at all
@@ -399,9 +406,9 @@ def test_num_iterations_two_uses_old_logps(tiny_lm_path, arithmetic_dataset, grp
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
         mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
         with torch.no_grad():
-            return trainer._get_per_token_logps(
+            return trainer._get_per_token_logps_and_entropies(
                 trainer.model, ids, mask, inputs["completion_ids"].size(1), args.per_device_train_batch_size
-            )
+            )[0]
 
     def recording_generate(inputs):
         output = generate(inputs)
@@ -509,8 +516,8 @@ def test_eval_batch_not_divisible_by_num_generations_raises(tiny_lm_path, arithm
     args = GRPOConfig(**{**grpo_kwargs, "per_device_eval_batch_size": 6})
     with pytest.raises(
         ValueError,
-        match=r"global eval batch \(6 × 1 processes\) must be divisible by num_generations_eval \(4; when unset, "
-        r"num_generations\)",
+        match=r"global eval batch \(6 × 1 processes\) must be divisible by the number of generations used for "
+        r"evaluation \(4\) \(num_generations_eval, ",
     ):
         GRPOTrainer(
             tiny_lm_path,

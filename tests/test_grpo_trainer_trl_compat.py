@@ -197,7 +197,10 @@ def test_eval_prompts_come_in_trls_seeded_order(tiny_lm_path, grpo_kwargs):
 
 def test_eval_batch_must_divide_by_num_generations_eval(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     args = GRPOConfig(**grpo_kwargs, num_generations_eval=3, per_device_eval_batch_size=4)
-    with pytest.raises(ValueError, match=r"must be divisible by num_generations_eval \(3; when unset"):
+    with pytest.raises(
+        ValueError,
+        match=r"must be divisible by the number of generations used for evaluation \(3\) \(num_generations_eval",
+    ):
         GRPOTrainer(
             tiny_lm_path,
             first_token_reward,
@@ -312,18 +315,20 @@ def test_tokenizers_are_loaded_from_the_models_revision(tiny_lm_path, tiny_rm_pa
 
 
 def test_missing_reward_funcs_raises(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
-    with pytest.raises(ValueError, match=r"GRPOTrainer needs at least one reward: pass `reward_funcs`"):
+    with pytest.raises(
+        ValueError, match=r"No reward source provided: GRPOTrainer needs at least one reward, so pass `reward_funcs`"
+    ):
         GRPOTrainer(tiny_lm_path, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
 
 
 def test_missing_train_dataset_raises(tiny_lm_path, grpo_kwargs):
-    with pytest.raises(ValueError, match=r"GRPOTrainer needs a `train_dataset` \(with a 'prompt' column\)"):
+    with pytest.raises(ValueError, match=r"`train_dataset` is required: GRPOTrainer samples its prompts from it"):
         GRPOTrainer(tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs))
 
 
 def test_reward_processing_classes_must_match_a_single_function(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     with pytest.raises(
-        ValueError, match=r"lengths of reward_processing_classes \(2\) and reward_funcs \(1\) must match"
+        ValueError, match=r"number of reward processing classes \(2\) must match the number of reward functions \(1\)"
     ):
         GRPOTrainer(
             tiny_lm_path,
@@ -341,7 +346,7 @@ def test_unsupported_feature_raises_at_init(grpo_kwargs):
 
 def test_quantization_config_reaches_from_pretrained(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     seen, original = [], AutoModelForCausalLM.from_pretrained
-    sentinel = object()  # stands for a BitsAndBytesConfig (bitsandbytes needs a GPU)
+    sentinel = object()  # stands for a BitsAndBytesConfig (a real one is loaded in tests/test_script_surface.py)
 
     def from_pretrained(path, *args, **kwargs):
         seen.append(kwargs.pop("quantization_config", None))
@@ -357,7 +362,9 @@ def test_quantization_config_reaches_from_pretrained(tiny_lm_path, arithmetic_da
         )
     assert seen == [sentinel]
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path)
-    with pytest.raises(ValueError, match="quantization_config applies when `model` is a path"):
+    with pytest.raises(
+        ValueError, match="but your model is already instantiated: quantization_config applies when `model` is a path"
+    ):
         GRPOTrainer(model, first_token_reward, args=GRPOConfig(**grpo_kwargs), quantization_config=sentinel)
 
 

@@ -137,9 +137,9 @@ def test_lora_from_trained_adapter_keeps_it_as_reference(model_dir, tmp_path):
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     length = batch["completion_ids"].size(1)
     with torch.no_grad():
-        policy = trainer._get_per_token_logps(trainer.model, ids, mask, length)
+        policy = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, length)[0]
         with trainer.accelerator.unwrap_model(trainer.model).disable_adapter():
-            base = trainer._get_per_token_logps(trainer.model, ids, mask, length)
+            base = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, length)[0]
     reference = batch["ref_per_token_logps"]
     assert (reference - policy).abs().max().item() < 1e-5
     assert (base - policy).abs().max().item() > 1e-3  # "adapters disabled" would have been the wrong reference

@@ -116,7 +116,9 @@ class Snapshot(TrainerCallback):
         }
 
 
-@pytest.mark.parametrize("alpha", [1.0, 0.6], ids=["hard", "soft"])
+# α = 1 (a bitwise copy) on SmolLM2 is tests/slow/test_grpo_slow.py::test_full_finetune_sync_is_exact[hard]; here the
+# soft update, whose float32 lerp rounded once is the harder one to get bitwise right.
+@pytest.mark.parametrize("alpha", [0.6], ids=["soft"])
 def test_sync_is_exact_on_tied_embeddings(smollm2_path, tmp_path, alpha):
     holder = {}
     before = Snapshot(holder, with_policy=True)
@@ -266,7 +268,7 @@ def test_cli_trains_the_converted_folder(smollm2_path, tmp_path):
     flags.update(use_cpu="true", bf16="false", gradient_checkpointing="false", report_to="none")
     flags.update(save_strategy="no", disable_tqdm="true", logging_steps=1, output_dir=str(tmp_path / "out"))
     argv = ["--model_name_or_path", smollm2_path, "--dataset_name", data]
-    argv += ["--reward_funcs", "conftest:length_reward", "accuracy_reward"]
+    argv += ["--reward_funcs", "conftest:length_reward", "trl.tasks.arithmetic.accuracy_reward"]
     trainer = grpo_main(argv + [item for key, value in flags.items() for item in (f"--{key}", str(value))])
     assert trainer.state.global_step == 2 and trainer.sync_callback.num_syncs == 2
     template = trainer.processing_class.chat_template

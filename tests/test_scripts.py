@@ -8,14 +8,14 @@ import sys
 import pytest
 import yaml
 
-from trl import GRPOTrainer
+from trl import GRPOTrainer, rewards
 from trl.cli import main as cli_main
 from trl.models.tiny import build_tiny_causal_lm
 from trl.models.utils import PathNotFoundError
 from trl.scripts.grpo import main as grpo_main
 from trl.scripts.grpo import resolve_reward_func
 from trl.scripts.utils import load_dataset_from_path, one_line
-from trl.tasks import accuracy_reward, arithmetic_corpus, make_arithmetic_dataset
+from trl.tasks import arithmetic, arithmetic_corpus, make_arithmetic_dataset
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_cli_flags_train_and_sync(tmp_path, model_dir):
             data,
             "--reward_funcs",
             "closeness_reward",
-            "accuracy_reward",
+            "trl.tasks.arithmetic.accuracy_reward",
             "--beta",
             "0.04",
             "--sync_ref_model",
@@ -122,7 +122,7 @@ def test_cli_yaml_config_with_override(tmp_path, model_dir):
     config = {
         "model_name_or_path": model_dir,
         "dataset_name": data,
-        "reward_funcs": ["accuracy_reward"],
+        "reward_funcs": ["trl.tasks.arithmetic:accuracy_reward"],
         "max_steps": 5,
         "beta": 0.1,
         "sync_ref_model": True,
@@ -144,6 +144,7 @@ def test_cli_model_init_kwargs_as_json(tmp_path, model_dir):
     data = str(tmp_path / "d.jsonl")
     make_arithmetic_dataset(8).to_json(data)
     argv = ["--model_name_or_path", model_dir, "--dataset_name", data, "--max_steps", "1"]
+    argv += ["--reward_funcs", "closeness_reward"]
     argv += ["--model_init_kwargs", '{"attn_implementation": "eager"}', "--output_dir", str(tmp_path / "out")]
     trainer = grpo_main(argv + COMMON)
     assert trainer.args.model_init_kwargs["attn_implementation"] == "eager"
@@ -178,11 +179,26 @@ def test_cli_config_file_errors(tmp_path):
 
 
 def test_resolve_reward_func(tmp_path):
-    assert resolve_reward_func("accuracy_reward") is accuracy_reward
-    assert resolve_reward_func("trl.tasks.arithmetic:closeness_reward").__name__ == "closeness_reward"
+    """The bare `accuracy_reward` is TRL's (math-verify) reward, as in TRL 1.16's script; it used to be the demo's
+    integer reward, which is now `trl.tasks.arithmetic.accuracy_reward` (dotted, TRL's form) or `...:accuracy_reward`."""
+    assert resolve_reward_func("accuracy_reward") is rewards.accuracy_reward
+    assert resolve_reward_func("trl.tasks.arithmetic.accuracy_reward") is arithmetic.accuracy_reward
+    assert resolve_reward_func("trl.tasks.arithmetic:accuracy_reward") is arithmetic.accuracy_reward
+    assert resolve_reward_func("closeness_reward") is arithmetic.closeness_reward
+    assert resolve_reward_func("answer_reward") is arithmetic.answer_reward
     assert resolve_reward_func(str(tmp_path)) == str(tmp_path)
-    with pytest.raises(ValueError, match="Unknown reward function 'nope'"):
+    with pytest.raises(ValueError) as raised:
         resolve_reward_func("nope")
+    assert str(raised.value) == (
+        "Unknown reward function 'nope': use one of ['accuracy_reward', 'answer_reward', 'closeness_reward', "
+        "'get_soft_overlong_punishment', 'reasoning_accuracy_reward', 'think_format_reward'], a dotted import path "
+        "'package.module.function' (or 'package.module:function'), or a reward-model folder."
+    )
+    with pytest.raises(ValueError) as raised:
+        resolve_reward_func("no_such_module_xyz.reward")
+    assert str(raised.value) == (
+        "Cannot import the module of reward function 'no_such_module_xyz.reward': No module named 'no_such_module_xyz'"
+    )
     # Before: ModuleNotFoundError / AttributeError from importlib, with a traceback in the CLI.
     with pytest.raises(ValueError) as raised:
         resolve_reward_func("no_such_module_xyz:reward")
@@ -206,15 +222,15 @@ def test_console_script_usage(capsys):
 def test_shipped_example_yaml_parses():
     import os
 
-    from trl import GRPOConfig
-    from trl.scripts.grpo import GRPOScriptArguments, ModelConfig
-    from trl.scripts.utils import TrlParser
+    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig, TrlParser
+    from trl.scripts.grpo import GRPOScriptArguments
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "grpo_demo.yaml")
-    parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig))
-    script_args, training_args, model_args = parser.parse_args_and_config(["--config", path, "--max_steps", "7"])
+    parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig))
+    script_args, training_args, model_args, _ = parser.parse_args_and_config(["--config", path, "--max_steps", "7"])
     assert model_args.model_name_or_path == "demo_output/model"
-    assert script_args.reward_funcs == ["accuracy_reward"]
+    assert script_args.reward_funcs == ["trl.tasks.arithmetic.accuracy_reward"]  # the demo's, not TRL's math reward
+    assert resolve_reward_func(script_args.reward_funcs[0]) is arithmetic.accuracy_reward
     assert training_args.beta == 0.5 and training_args.max_completion_length == 1
     assert training_args.sync_ref_model and training_args.ref_model_sync_steps == 25
     assert training_args.max_steps == 7  # the flag overrides the file
@@ -260,6 +276,7 @@ def cli_argv(model_dir, data_path, tmp_path, *extra):
     # --activation_checkpointing: transformers 5 warns about the deprecated `gradient_checkpointing` otherwise (see
     # COMMON), which would add a FutureWarning line to stderr.
     paths = ["--model_name_or_path", model_dir, "--dataset_name", data_path, "--output_dir", str(tmp_path / "o")]
+    paths += ["--reward_funcs", "trl.tasks.arithmetic.accuracy_reward"]
     flags = ["--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--activation_checkpointing", "false"]
     sizes = [
         "--per_device_train_batch_size",
@@ -281,9 +298,9 @@ def test_cli_config_errors_are_one_line(tmp_path, model_dir, data_path, capsys):
     cases = [
         (
             ["--num_generations", "3"],
-            "Invalid GRPOConfig: The generation batch (4 completions = per_device_train_batch_size 4 × 1 processes × "
-            "steps_per_generation 1) must be divisible by num_generations (3): change per_device_train_batch_size, "
-            "steps_per_generation or num_generations.",
+            "Invalid GRPOConfig: generation_batch_size (4) must be divisible by num_generations (3). The generation "
+            "batch (4 completions = per_device_train_batch_size 4 × 1 processes × steps_per_generation 1) must hold "
+            "whole groups: change per_device_train_batch_size, steps_per_generation or num_generations.",
         ),
         (
             ["--beta", "-1", "--temperature", "0"],
@@ -292,7 +309,8 @@ def test_cli_config_errors_are_one_line(tmp_path, model_dir, data_path, capsys):
         (
             ["--reward_funcs", "accuracy_rewards"],
             "Unknown reward function 'accuracy_rewards': use one of ['accuracy_reward', 'answer_reward', "
-            "'closeness_reward'], 'module:function' or a reward-model folder.",
+            "'closeness_reward', 'get_soft_overlong_punishment', 'reasoning_accuracy_reward', 'think_format_reward'], "
+            "a dotted import path 'package.module.function' (or 'package.module:function'), or a reward-model folder.",
         ),
         (["--config", missing + ".yaml"], f"The config file '{missing}.yaml' does not exist."),
         (
@@ -300,9 +318,9 @@ def test_cli_config_errors_are_one_line(tmp_path, model_dir, data_path, capsys):
             "reward_weights[0] is inf (for reward function 'accuracy_reward'): every reward weight must be a finite "
             "number.",
         ),
-        (
-            ["--dataset_test_split", "test"],
-            f"The dataset '{data_path}' has no split 'test'; its splits are ['train'].",
+        (  # the test split is read only when evaluation is on, as in TRL
+            ["--eval_strategy", "steps", "--dataset_test_split", "validation"],
+            f"The dataset '{data_path}' has no split 'validation'; its splits are ['train'].",
         ),
         (["--model_init_kwargs", "[1]"], "--model_init_kwargs must be a JSON object, got [1]."),
     ]
@@ -321,6 +339,40 @@ def test_cli_config_errors_are_one_line(tmp_path, model_dir, data_path, capsys):
     )
 
 
+def test_cli_without_reward_or_dataset_is_one_line(tmp_path, model_dir, data_path, capsys):
+    """`--reward_funcs` has no default now (TRL's: None), and `--dataset_name` is optional (a `datasets:` mixture can
+    replace it): leaving both out says which flags are missing."""
+    argv = cli_argv(model_dir, data_path, tmp_path)
+    without_reward = [arg for arg in argv if arg not in ("--reward_funcs", "trl.tasks.arithmetic.accuracy_reward")]
+    assert cli_main(without_reward) == 2
+    assert capsys.readouterr().err == (
+        "trl grpo: error: No reward: give --reward_funcs (e.g. accuracy_reward, or my_module.my_reward) and/or "
+        "--reward_model_name_or_path.\n"
+    )
+    without_data = [arg for arg in argv if arg not in ("--dataset_name", data_path)]
+    assert cli_main(without_data) == 2
+    assert capsys.readouterr().err == (
+        "trl grpo: error: No dataset: give --dataset_name, or a `datasets:` list in the --config file.\n"
+    )
+
+
+def test_cli_eval_split_only_with_evaluation(tmp_path, model_dir):
+    """As TRL's script: `--dataset_test_split` (default "test") is read when `--eval_strategy` is not "no"."""
+    from datasets import DatasetDict
+
+    from trl.scripts.grpo import build_trainer
+
+    saved = str(tmp_path / "saved")
+    DatasetDict(
+        {"train": make_arithmetic_dataset(8, seed=0), "test": make_arithmetic_dataset(4, seed=1)}
+    ).save_to_disk(saved)
+    argv = cli_argv(model_dir, saved, tmp_path)[1:]
+    assert build_trainer(argv).eval_dataset is None
+    trainer = build_trainer([*argv, "--eval_strategy", "steps", "--eval_steps", "1"])
+    assert trainer.eval_dataset["prompt"] == make_arithmetic_dataset(4, seed=1)["prompt"]
+    assert trainer.train_dataset["prompt"] == make_arithmetic_dataset(8, seed=0)["prompt"]
+
+
 def run_cli(argv, **env):
     return subprocess.run(
         [sys.executable, "-m", "trl.cli", *argv],
@@ -331,32 +383,35 @@ def run_cli(argv, **env):
     )
 
 
-def test_trl_grpo_config_error_prints_one_line_and_exits_2(tmp_path, model_dir, data_path):
-    """Before: exit status 1 and a 24-line traceback on stderr."""
+def test_trl_grpo_config_error_prints_one_line_and_exits_2(tmp_path, model_dir, data_path, capsys):
+    """Before: exit status 1 and a 24-line traceback on stderr. The console script (a subprocess) once; then the
+    same `main` in this process."""
     done = run_cli(cli_argv(model_dir, data_path, tmp_path, "--beta", "-1"))
     assert done.returncode == 2
     assert [line for line in done.stderr.splitlines() if line.strip()] == [
         "trl grpo: error: Invalid GRPOConfig: beta must be >= 0 (got -1.0)."
     ]
     missing = str(tmp_path / "prompts.jsonl")
-    done = run_cli(cli_argv(model_dir, missing, tmp_path))
-    assert done.returncode == 2
-    assert [line for line in done.stderr.splitlines() if line.strip()] == [
+    capsys.readouterr()
+    assert cli_main(cli_argv(model_dir, missing, tmp_path)) == 2
+    assert [line for line in capsys.readouterr().err.splitlines() if line.strip()] == [
         f"trl grpo: error: Dataset '{missing}' is not an existing local folder (or file) and could not be loaded from "
         f"the Hugging Face Hub (FileNotFoundError: Couldn't find any data file at {missing}.)"
     ]
 
 
-def test_traceback_on_request(tmp_path, model_dir, data_path):
+def test_traceback_on_request(tmp_path, model_dir, data_path, monkeypatch, capsys):
+    """`TRL_TRACEBACK=1`, or `--traceback` before or after the command: the error is raised as it is (to the caller
+    here; from the console script, Python prints its traceback and exits with status 1)."""
     argv = cli_argv(model_dir, data_path, tmp_path, "--beta", "-1")
-    done = run_cli(argv, TRL_TRACEBACK="1")
-    assert done.returncode == 1
-    assert "Traceback (most recent call last):" in done.stderr and "trl grpo: error:" not in done.stderr
-    assert done.stderr.rstrip().endswith("ValueError: Invalid GRPOConfig:\n- beta must be >= 0 (got -1.0).")
-    # `--traceback` before or after the command: the error is raised as it is (in process: to the caller)
+    error = r"^Invalid GRPOConfig:\n- beta must be >= 0 \(got -1.0\)\.$"
     for flagged in (["--traceback", *argv], [*argv, "--traceback"]):
-        with pytest.raises(ValueError, match=r"^Invalid GRPOConfig:\n- beta must be >= 0 \(got -1.0\)\.$"):
+        with pytest.raises(ValueError, match=error):
             cli_main(flagged)
+    monkeypatch.setenv("TRL_TRACEBACK", "1")
+    with pytest.raises(ValueError, match=error):
+        cli_main(argv)
+    assert "trl grpo: error:" not in capsys.readouterr().err
 
 
 def test_traceback_help_is_documented(capsys):

@@ -10,7 +10,9 @@ from .data_utils import (
     apply_chat_template,
     extract_prompt,
     is_conversational,
+    is_conversational_from_value,
     maybe_apply_chat_template,
+    maybe_convert_to_chatml,
     maybe_extract_prompt,
 )
 from .models import create_reference_model
@@ -50,7 +52,9 @@ __all__ = [
     "get_quantization_config",
     "init_zero_verbose",
     "is_conversational",
+    "is_conversational_from_value",
     "maybe_apply_chat_template",
+    "maybe_convert_to_chatml",
     "maybe_extract_prompt",
     "sync_reference_model",
 ]

@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trl grpo: error: {one_line(error)}", file=sys.stderr)
         return 2
     train(trainer)
+    trainer.end()  # finish the trackers and the process group, as TRL's script does
     return 0
 
 

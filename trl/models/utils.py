@@ -101,6 +101,7 @@ def load_policy(
     """
     if quantization_config is not None and not isinstance(model, str):
         raise ValueError(
+            "You passed `quantization_config` to the trainer, but your model is already instantiated: "
             "quantization_config applies when `model` is a path; quantize an instantiated model yourself."
         )
     if isinstance(model, str):
@@ -110,7 +111,10 @@ def load_policy(
             loaded = AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
         model = drop_dequantized_gguf_quantizer(loaded)
     elif args.model_init_kwargs:
-        raise ValueError("model_init_kwargs only apply when `model` is a path; you passed an instantiated model.")
+        raise ValueError(
+            "You passed `model_init_kwargs` to the `GRPOConfig`, but your model is already instantiated: "
+            "model_init_kwargs only apply when `model` is a path; drop them or pass the path."
+        )
     else:  # a model the user loaded dense from a GGUF file is still marked quantized, which Trainer refuses
         model = drop_dequantized_gguf_quantizer(model)
     given_peft_model = hasattr(model, "peft_config")

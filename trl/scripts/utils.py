@@ -1,100 +1,337 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Argument parsing with `--config file.yaml` (command-line flags win) and loading datasets from local paths."""
+"""What training scripts share, with TRL 1.16's names: `TrlParser` (flags plus a `--config file.yaml` whose values
+the command line overrides), `ScriptArguments`, dataset mixtures (`DatasetMixtureConfig`, `get_dataset`), loading a
+dataset from a local path, and `init_zero_verbose`."""
 
+import argparse
+import logging
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import yaml
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets import (
+    Dataset,
+    DatasetDict,
+    IterableDataset,
+    IterableDatasetDict,
+    concatenate_datasets,
+    load_dataset,
+    load_from_disk,
+)
 from transformers import HfArgumentParser
 
 from trl.models.utils import PathNotFoundError, explain_missing_path, one_line
 
 
+logger = logging.getLogger(__name__)
+
+
 @dataclass
 class ScriptArguments:
-    """Arguments of the data side of a training script.
+    """
+    The data side of a training script (TRL 1.16's fields and defaults).
 
     Args:
-        dataset_name: a dataset saved with `save_to_disk`, a `.json`/`.jsonl`/`.parquet`/`.csv` file, a folder of
-            such files, or a hub id (needs network).
-        dataset_config: dataset configuration name (hub datasets only).
-        dataset_train_split, dataset_test_split: split names.
+        dataset_name (`str`, *optional*):
+            The dataset: a folder written by `save_to_disk`, a `.json`/`.jsonl`/`.parquet`/`.csv` file, a folder of
+            such files, or a Hub id (needs the network). Not needed, and ignored, when a `datasets:` mixture
+            ([`DatasetMixtureConfig`]) is given.
+        dataset_config (`str`, *optional*):
+            Configuration name of a Hub dataset (the `name` argument of `datasets.load_dataset`).
+        dataset_train_split (`str`, *optional*, defaults to `"train"`):
+            The split to train on.
+        dataset_test_split (`str`, *optional*, defaults to `"test"`):
+            The split to evaluate on; read only when evaluation is on (`eval_strategy` other than `"no"`).
+        dataset_streaming (`bool`, *optional*, defaults to `False`):
+            Load the dataset as an `IterableDataset` (streamed, never held in memory as a whole).
+        ignore_bias_buffers (`bool`, *optional*, defaults to `False`):
+            A DDP workaround kept for TRL compatibility: tell DDP to skip boolean buffers (causal masks) when it
+            broadcasts buffers (https://github.com/huggingface/transformers/issues/22482). `trl grpo` does not read
+            it.
     """
 
-    dataset_name: str = field(metadata={"help": "Local dataset folder/file, or hub id."})
-    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
-    dataset_train_split: str = field(default="train", metadata={"help": "Training split."})
-    dataset_test_split: str | None = field(default=None, metadata={"help": "Evaluation split (none by default)."})
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Local dataset folder/file, or a Hub id; ignored when a `datasets:` mixture is given."},
+    )
+    dataset_config: str | None = field(
+        default=None, metadata={"help": "Configuration name of a Hub dataset (load_dataset's `name`)."}
+    )
+    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    dataset_test_split: str = field(
+        default="test", metadata={"help": "Split to evaluate on (read only when eval_strategy is not 'no')."}
+    )
+    dataset_streaming: bool = field(
+        default=False, metadata={"help": "Load the dataset as a streamed IterableDataset."}
+    )
+    ignore_bias_buffers: bool = field(
+        default=False,
+        metadata={"help": "DDP workaround: skip boolean mask buffers when broadcasting buffers (TRL compatibility)."},
+    )
+
+
+@dataclass
+class DatasetConfig:
+    """
+    One dataset of a [`DatasetMixtureConfig`]; the fields are `datasets.load_dataset`'s arguments.
+
+    Parameters:
+        path (`str`):
+            A Hub id, a builder name (`"json"`, `"parquet"`, `"csv"`, with `data_files`), or a local path: a folder
+            written by `save_to_disk`, a `.json`/`.jsonl`/`.parquet`/`.csv` file (its one split is `"train"`), or a
+            folder of data files.
+        name (`str`, *optional*):
+            Configuration name of a Hub dataset.
+        data_dir (`str`, *optional*):
+            Folder (inside `path`) to read the data files from.
+        data_files (`str`, `list[str]` or `dict[str, str]`, *optional*):
+            The data file(s) to read.
+        split (`str`, *optional*, defaults to `"train"`):
+            The split to take, e.g. `"train"` or `"train[:100]"`.
+        columns (`list[str]`, *optional*):
+            Keep only these columns; `None` keeps them all.
+        fraction (`float`, *optional*):
+            This dataset's share of the mixture. Set it for every dataset of the mixture or for none. The shares
+            are normalised to sum to 1 and the mixture is made as large as possible without repeating a row: each
+            dataset contributes its first `round(share × N)` rows. Not available with streaming. `None` everywhere
+            concatenates the datasets whole.
+    """
+
+    path: str
+    name: str | None = None
+    data_dir: str | None = None
+    data_files: str | list[str] | dict[str, str] | None = None
+    split: str = "train"
+    columns: list[str] | None = None
+    fraction: float | None = None
+
+
+@dataclass
+class DatasetMixtureConfig:
+    """
+    A training set made of several datasets, concatenated in the order given (see [`get_dataset`]). It is written as
+    a YAML section of the `--config` file:
+
+    ```yaml
+    datasets:
+      - path: prompts_a.jsonl
+        columns: [prompt, answer]
+      - path: trl-lib/DeepMath-103K
+        split: train[:1000]
+    streaming: false
+    test_split_size: 0.1
+    ```
+
+    Parameters:
+        datasets (`list[DatasetConfig]`):
+            The datasets, in order. A mapping (as the YAML file gives) becomes a [`DatasetConfig`].
+        streaming (`bool`, *optional*, defaults to `False`):
+            Load every dataset as a streamed `IterableDataset`.
+        test_split_size (`float` or `int`, *optional*):
+            Split the mixture into `"train"` and `"test"`: a fraction of the rows (`0.1`) or a number of rows
+            (`datasets.Dataset.train_test_split`'s `test_size`). `None` keeps everything in `"train"`.
+    """
+
+    datasets: list[DatasetConfig] = field(
+        default_factory=list, metadata={"help": "Datasets of the mixture, in order (a YAML list of mappings)."}
+    )
+    streaming: bool = field(default=False, metadata={"help": "Load the mixture's datasets as streamed datasets."})
+    test_split_size: float | None = field(
+        default=None,
+        metadata={"help": "Split the mixture into train/test: a fraction or a number of test rows (none by default)."},
+    )
+
+    def __post_init__(self):
+        self.datasets = [DatasetConfig(**item) if isinstance(item, dict) else item for item in self.datasets]
+
+
+def init_zero_verbose():
+    """Quiet logging for a command-line script: only errors are logged (through Rich when it is installed, in the
+    format `[time] message`), and Python warnings are routed into the logging system instead of printed. Call it
+    before importing the libraries whose output it should silence."""
+    import warnings
+
+    from transformers.utils import is_rich_available
+
+    if is_rich_available():
+        from rich.logging import RichHandler
+
+        handler = RichHandler()
+    else:
+        handler = logging.StreamHandler()
+    logging.basicConfig(format="%(message)s", datefmt="[%X]", handlers=[handler], level=logging.ERROR)
+
+    def log_warning(message, category, filename, lineno, file=None, line=None):
+        logging.warning(f"{filename}:{lineno}: {category.__name__}: {message}")
+
+    warnings.showwarning = log_warning
 
 
 class TrlParser(HfArgumentParser):
-    """`HfArgumentParser` that also reads `--config file.yaml`; flags given on the command line override the file."""
+    """An `HfArgumentParser` that also reads `--config file.yaml`.
 
-    def parse_args_and_config(self, args: list[str] | None = None):
+    The file maps flag names to values; they replace the dataclasses' defaults, and flags given on the command line
+    override them. Its optional `env:` mapping sets environment variables before parsing.
+
+    ```yaml
+    env:
+      WANDB_PROJECT: grpo
+    learning_rate: 1.0e-6
+    ```
+
+    Args:
+        dataclass_types (dataclass type or iterable of them, *optional*):
+            The dataclasses to parse into, in the order `parse_args_and_config` returns them.
+        **kwargs:
+            Passed to `HfArgumentParser` (and on to `argparse.ArgumentParser`: `prog`, `description`, ...).
+
+    Raises:
+        ValueError: if a dataclass has a field named `config` (the name is taken by `--config`).
+    """
+
+    def __init__(self, dataclass_types=None, **kwargs):
+        if dataclass_types is None:
+            dataclass_types = []
+        elif not isinstance(dataclass_types, Iterable):
+            dataclass_types = [dataclass_types]
+        for dataclass_type in dataclass_types:
+            if "config" in dataclass_type.__dataclass_fields__:
+                raise ValueError(
+                    f"{dataclass_type.__name__} has a field named 'config', which TrlParser keeps for the "
+                    "`--config FILE.yaml` flag: rename the field."
+                )
+        super().__init__(dataclass_types=dataclass_types, **kwargs)
+
+    def parse_args_and_config(
+        self,
+        args: Iterable[str] | None = None,
+        return_remaining_strings: bool = False,
+        fail_with_unknown_args: bool = True,
+        separate_remaining_strings: bool = False,
+    ) -> tuple:
         """Parse `args` (default `sys.argv[1:]`) into the dataclasses, with defaults from `--config FILE.yaml`.
+
+        Keys of the file that no dataclass has become strings `["--key", "value", ...]`: returned as the last item
+        with `return_remaining_strings=True` (after the command line's own leftovers; as a separate item before
+        them with `separate_remaining_strings=True`), an error with `fail_with_unknown_args=True` (the default),
+        ignored otherwise. Unknown command-line flags are an error unless `return_remaining_strings` is set.
 
         Raises:
             PathNotFoundError: if the config file does not exist.
-            ValueError: if `--config` has no file name, the file is not a YAML mapping, or it has unknown keys.
+            ValueError: if `--config` has no file name, the file is not valid YAML or not a mapping, its `env` is
+                not a mapping, it has unknown keys (see above), or the command line has unknown flags.
         """
         args = list(sys.argv[1:] if args is None else args)
         args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
+        config_remaining = []
         if "--config" in args:
             index = args.index("--config")
             if index + 1 == len(args) or args[index + 1].startswith("--"):
                 raise ValueError("--config needs the path of a YAML file: `--config FILE.yaml`.")
-            path = args[index + 1]
-            if not os.path.isfile(path):
-                raise PathNotFoundError(f"The config file {path!r} does not exist.")
-            with open(path, encoding="utf-8") as f:
-                try:
-                    config = yaml.safe_load(f) or {}
-                except yaml.YAMLError as error:
-                    raise ValueError(
-                        f"The config file {path!r} is not valid YAML ({one_line(error, with_type=True, first_only=True)})"
-                    ) from error
-            if not isinstance(config, dict):
-                raise ValueError(
-                    f"The config file {path!r} must hold a mapping of flag names to values, not a "
-                    f"{type(config).__name__}."
-                )
+            config = read_yaml_config(args[index + 1])
             del args[index : index + 2]
-            known = {action.dest for action in self._actions}
-            unknown = sorted(set(config) - known)
-            if unknown:
+            env = config.pop("env", {})
+            if not isinstance(env, dict):
+                raise ValueError(f"`env` in the config file must map variable names to values, got {env!r}.")
+            for key, value in env.items():
+                os.environ[str(key)] = str(value)
+            config_remaining = self.set_defaults_with_config(**config)
+            if config_remaining and fail_with_unknown_args and not return_remaining_strings:
+                unknown = sorted((key for key in config if f"--{key}" in config_remaining[::2]), key=str)
                 raise ValueError(f"Unknown keys in the config file: {unknown}.")
-            for action in self._actions:
-                if action.dest in config:
-                    action.required = False
-            self.set_defaults(**config)
-        return self.parse_args_into_dataclasses(args=args)
+        output = self.parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings)
+        if not return_remaining_strings:
+            return output
+        if separate_remaining_strings:
+            return (*output[:-1], config_remaining, output[-1])
+        return (*output[:-1], config_remaining + output[-1])
+
+    def set_defaults_with_config(self, **kwargs) -> list[str]:
+        """Make each `kwargs` value the default of the flag with that name (in subparsers too), and no longer
+        required; returns `["--key", "str(value)", ...]` for the keys no flag takes."""
+
+        def apply(parser: argparse.ArgumentParser) -> set[str]:
+            used = set()
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    for subparser in action.choices.values():
+                        used |= apply(subparser)
+                elif action.dest in kwargs:
+                    action.default, action.required = kwargs[action.dest], False
+                    used.add(action.dest)
+            return used
+
+        used = apply(self)
+        return [item for key, value in kwargs.items() if key not in used for item in (f"--{key}", str(value))]
+
+
+def read_yaml_config(path: str) -> dict:
+    """The mapping in the YAML file `path`.
+
+    Raises:
+        PathNotFoundError: if the file does not exist.
+        ValueError: if it is not valid YAML, or holds something other than a mapping.
+    """
+    if not os.path.isfile(path):
+        raise PathNotFoundError(f"The config file {path!r} does not exist.")
+    with open(path, encoding="utf-8") as f:
+        try:
+            config = yaml.safe_load(f) or {}
+        except yaml.YAMLError as error:
+            raise ValueError(
+                f"The config file {path!r} is not valid YAML ({one_line(error, with_type=True, first_only=True)})"
+            ) from error
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"The config file {path!r} must hold a mapping of flag names to values, not a {type(config).__name__}."
+        )
+    return config
 
 
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-def load_dataset_from_path(name: str, config: str | None = None) -> DatasetDict:
-    """Load a dataset from a local path (or the hub) as a `DatasetDict` (a single file becomes split `"train"`).
+def _is_saved_dataset(path: str) -> bool:
+    return os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, name)) for name in ("dataset_info.json", "dataset_dict.json")
+    )
+
+
+def _data_file_builder(path: str) -> str | None:
+    """The `datasets` builder of a local data file (`"json"` for `.jsonl`), or `None` when `path` is not one."""
+    extension = os.path.splitext(path)[1].lower()
+    return _FILE_BUILDERS.get(extension) if os.path.isfile(path) else None
+
+
+def _stream_saved(saved: Dataset | DatasetDict) -> IterableDataset | IterableDatasetDict:
+    if isinstance(saved, Dataset):
+        return saved.to_iterable_dataset()
+    return IterableDatasetDict({split: part.to_iterable_dataset() for split, part in saved.items()})
+
+
+def load_dataset_from_path(
+    name: str, config: str | None = None, streaming: bool = False
+) -> DatasetDict | IterableDatasetDict:
+    """Load a dataset from a local path (or the Hub) as a `DatasetDict` (an `IterableDatasetDict` with
+    `streaming=True`); a single data file, or a `save_to_disk` folder of one `Dataset`, becomes split `"train"`.
 
     Raises:
         PathNotFoundError: if `name` is not an existing local path and could not be loaded from the Hub either.
     """
-    if os.path.isdir(name) and (
-        os.path.exists(os.path.join(name, "dataset_info.json"))
-        or os.path.exists(os.path.join(name, "dataset_dict.json"))
-    ):
+    if _is_saved_dataset(name):
         loaded = load_from_disk(name)
-        return DatasetDict({"train": loaded}) if isinstance(loaded, Dataset) else loaded
-    extension = os.path.splitext(name)[1].lower()
-    if os.path.isfile(name) and extension in _FILE_BUILDERS:
-        return load_dataset(_FILE_BUILDERS[extension], data_files={"train": name})
+        loaded = DatasetDict({"train": loaded}) if isinstance(loaded, Dataset) else loaded
+        return _stream_saved(loaded) if streaming else loaded
+    builder = _data_file_builder(name)
+    if builder is not None:
+        return load_dataset(builder, data_files={"train": name}, streaming=streaming)
     with explain_missing_path(name, "Dataset"):
-        return load_dataset(name, config)
+        return load_dataset(name, config, streaming=streaming)
 
 
-def dataset_split(dataset: DatasetDict, split: str, name: str) -> Dataset:
+def dataset_split(dataset: DatasetDict | IterableDatasetDict, split: str, name: str) -> Dataset | IterableDataset:
     """`dataset[split]`.
 
     Raises:
@@ -105,14 +342,72 @@ def dataset_split(dataset: DatasetDict, split: str, name: str) -> Dataset:
     return dataset[split]
 
 
-@dataclass
-class DatasetMixtureConfig:  # STUB: being written
-    datasets: list | None = None
+def load_mixture_part(dataset_config: DatasetConfig, streaming: bool = False) -> Dataset | IterableDataset:
+    """One split of one dataset of a mixture. A `save_to_disk` folder and a single local data file (given as
+    `path`, without `data_dir`/`data_files`) are read directly; anything else goes to `datasets.load_dataset`.
+
+    Raises:
+        ValueError: if a `save_to_disk` folder has no split `dataset_config.split`.
+        PathNotFoundError: if `path` is not an existing local path and could not be loaded from the Hub either.
+    """
+    path, split = dataset_config.path, dataset_config.split
+    direct = dataset_config.data_dir is None and dataset_config.data_files is None
+    if direct and _is_saved_dataset(path):
+        loaded = load_from_disk(path)
+        loaded = DatasetDict({"train": loaded}) if isinstance(loaded, Dataset) else loaded
+        part = dataset_split(loaded, split, path)
+        return part.to_iterable_dataset() if streaming else part
+    builder = _data_file_builder(path) if direct else None
+    if builder is not None:
+        return load_dataset(builder, data_files={"train": path}, split=split, streaming=streaming)
+    with explain_missing_path(path, "Dataset"):
+        return load_dataset(
+            path,
+            name=dataset_config.name,
+            data_dir=dataset_config.data_dir,
+            data_files=dataset_config.data_files,
+            split=split,
+            streaming=streaming,
+        )
 
 
-def get_dataset(mixture_config):  # STUB: being written
-    raise NotImplementedError
+def get_dataset(mixture_config: DatasetMixtureConfig) -> DatasetDict | IterableDatasetDict:
+    """The datasets of `mixture_config` concatenated in order (each reduced to its `columns`, and cut to its
+    `fraction` of the mixture when fractions are set), as split `"train"`; or split into `"train"` and `"test"`
+    (`datasets.Dataset.train_test_split`, shuffled, unseeded as in TRL) when `test_split_size` is set. With
+    `streaming`, an `IterableDatasetDict` with split `"train"`.
 
-
-def init_zero_verbose():  # STUB: being written
-    raise NotImplementedError
+    Raises:
+        ValueError: if the mixture has no datasets; if `fraction` is set for some datasets but not all, or is set
+            with `streaming`; if `test_split_size` is set with `streaming` (a stream cannot be split); or from
+            `datasets` when the datasets' columns do not match.
+        PathNotFoundError: if a dataset's `path` is not an existing local path and could not be loaded from the
+            Hub either.
+    """
+    if not mixture_config.datasets:
+        raise ValueError("The dataset mixture is empty: list at least one dataset under `datasets:`.")
+    streaming = mixture_config.streaming
+    fractions = [dataset_config.fraction for dataset_config in mixture_config.datasets]
+    if any(fraction is not None for fraction in fractions):
+        if None in fractions:
+            raise ValueError(f"Set `fraction` for every dataset of the mixture or for none (got {fractions}).")
+        if streaming:
+            raise ValueError("`fraction` cannot be used with `streaming`: a streamed dataset has no length.")
+    if streaming and mixture_config.test_split_size is not None:
+        raise ValueError("`test_split_size` cannot be used with `streaming`: a streamed dataset cannot be split.")
+    parts = []
+    for dataset_config in mixture_config.datasets:
+        logger.info(f"Loading {dataset_config.path!r} (split {dataset_config.split!r}) for the dataset mixture")
+        part = load_mixture_part(dataset_config, streaming)
+        parts.append(part.select_columns(dataset_config.columns) if dataset_config.columns is not None else part)
+    if fractions[0] is not None:
+        shares = [fraction / sum(fractions) for fraction in fractions]
+        # The largest mixture size N for which no dataset has to give more rows than it has.
+        size = min(len(part) / share for part, share in zip(parts, shares) if share > 0)
+        parts = [part.select(range(round(share * size))) for part, share in zip(parts, shares)]
+    mixture = concatenate_datasets(parts)
+    if streaming:
+        return IterableDatasetDict({"train": mixture})
+    if mixture_config.test_split_size is not None:
+        return mixture.train_test_split(test_size=mixture_config.test_split_size)
+    return DatasetDict({"train": mixture})

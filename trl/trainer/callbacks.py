@@ -1,14 +1,18 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Trainer callbacks: *when* the reference model is synced with the policy (`SyncRefModelCallback`) and *when* the
-reward models are refreshed (`RewardModelRefreshCallback`)."""
+reward models are refreshed (`RewardModelRefreshCallback`); TRL 1.16's rich progress display
+(`RichProgressCallback`) and completion logging to wandb/Comet (`LogCompletionsCallback`)."""
 
 import math
 
+from accelerate.utils import gather_object
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import has_length
-from transformers.utils import logging
+from transformers.utils import is_rich_available, logging
 
+from ..data_utils import maybe_apply_chat_template
+from ..models.utils import unwrap_model_for_generation
 from .ref_sync import ReferenceSync, pair_for_sync, sync_reference_model
 
 
@@ -147,9 +151,203 @@ class RewardModelRefreshCallback(TrainerCallback):
             self.refresh.update(state.global_step)
 
 
-class RichProgressCallback(TrainerCallback):  # STUB: being written
-    pass
+class RichProgressCallback(TrainerCallback):
+    """Shows training progress with [rich](https://github.com/Textualize/rich) instead of tqdm: one live panel with a
+    bar of optimizer steps (`state.max_steps` in all), a bar of evaluation batches while an evaluation runs, and a
+    table of the latest logged values grouped by their prefix (`rewards/...`, `completions/...`, ...).
+
+    Usage: `GRPOTrainer(..., args=GRPOConfig(..., disable_tqdm=True), callbacks=[RichProgressCallback()])`.
+    `disable_tqdm=True` removes transformers' own tqdm bars (it then prints each log dict as a line instead).
+    Only the main process (`state.is_world_process_zero`) draws anything.
+
+    Attributes (`None` outside training, as in TRL): `training_bar` and `evaluation_bar` (`rich.progress.Progress`),
+    `training_task` and `evaluation_task` (their task ids), `rich_group` (the `rich.live.Live` display),
+    `rich_console`, `training_status` (the status line of the latest logs), `current_step` (the step the training
+    bar shows).
+
+    Raises:
+        ImportError: at construction if `rich` is not installed.
+
+    TRL compatibility: TRL 1.16's constructor (no arguments), attributes and display.
+    """
+
+    def __init__(self):
+        if not is_rich_available():
+            raise ImportError("RichProgressCallback needs `rich`: `pip install rich`.")
+        self._reset()
+
+    def _reset(self):
+        self.training_bar = self.evaluation_bar = None
+        self.training_task = self.evaluation_task = None
+        self.rich_group = self.rich_console = self.training_status = None
+        self.current_step = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from rich.console import Console, Group
+        from rich.live import Live
+        from rich.panel import Panel
+        from rich.progress import Progress
+
+        self.rich_console = Console()
+        self.training_bar, self.evaluation_bar = (
+            Progress(console=self.rich_console),
+            Progress(console=self.rich_console),
+        )
+        self.training_status = self.rich_console.status("Nothing to log yet ...")
+        panel = Panel(Group(self.training_bar, self.evaluation_bar, self.training_status))
+        self.rich_group = Live(panel, console=self.rich_console)
+        self.rich_group.start()
+        self.training_task = self.training_bar.add_task("[blue]Training  ", total=state.max_steps)
+        self.current_step = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or self.training_bar is None:
+            return
+        # `advance` by the difference: a resumed run starts at its checkpoint's step.
+        self.training_bar.update(self.training_task, advance=state.global_step - self.current_step, update=True)
+        self.current_step = state.global_step
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        if not state.is_world_process_zero or self.evaluation_bar is None or not has_length(eval_dataloader):
+            return
+        if self.evaluation_task is None:
+            self.evaluation_task = self.evaluation_bar.add_task("[blue]Evaluation", total=len(eval_dataloader))
+        self.evaluation_bar.update(self.evaluation_task, advance=1, update=True)
+
+    def _end_evaluation(self, state):
+        if state.is_world_process_zero and self.evaluation_task is not None:
+            self.evaluation_bar.remove_task(self.evaluation_task)
+            self.evaluation_task = None
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._end_evaluation(state)
+
+    def on_predict(self, args, state, control, **kwargs):
+        self._end_evaluation(state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or self.training_bar is None:
+            return
+        from rich.columns import Columns
+        from rich.panel import Panel
+        from rich.table import Table
+
+        groups: dict[str | None, dict[str, object]] = {}
+        for key, value in (logs or {}).items():
+            group, _, name = key.partition("/") if "/" in key else (None, "", key)
+            groups.setdefault(group, {})[name] = value
+        panels = []
+        for group, values in groups.items():
+            table = Table(title=f"[bold blue]{group}[/]" if group else None, header_style="bold magenta", box=None)
+            table.add_column("Metric", justify="left", no_wrap=True)
+            table.add_column("Value", justify="right")
+            for name, value in values.items():
+                table.add_row(name, f"{value:.3f}" if isinstance(value, (int, float)) else str(value))
+            panels.append(Panel(table, border_style="cyan", padding=(0, 1)))
+        title = f"[bold green]Step {state.global_step}[/bold green]"
+        self.training_status.update(
+            Panel(Columns(panels, equal=False, expand=True), title=title, border_style="green")
+        )
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or self.rich_group is None:
+            return
+        self.rich_group.stop()
+        self._reset()
 
 
-class LogCompletionsCallback(TrainerCallback):  # STUB: being written
-    pass
+class LogCompletionsCallback(TrainerCallback):
+    """Every `freq` optimizer steps, generates a completion for each of the first `num_prompts` prompts of the
+    trainer's evaluation dataset and logs all rows so far as one table, `completions` (columns `step`, `prompt`,
+    `completion`), to Weights & Biases and/or Comet, whichever of `"wandb"` / `"comet_ml"` is in `args.report_to`.
+
+    Usage: `trainer.add_callback(LogCompletionsCallback(trainer, GenerationConfig(max_new_tokens=64), num_prompts=8))`.
+
+    Args:
+        trainer (`transformers.Trainer`): the trainer it is attached to; its `eval_dataset` (a `datasets.Dataset`)
+            needs a `"prompt"` column of text or of chat messages (rendered with `maybe_apply_chat_template`).
+        generation_config (`transformers.GenerationConfig`, *optional*): passed to `model.generate`; by default the
+            model's own `generation_config`.
+        num_prompts (`int`, *optional*): how many prompts (the first ones); by default the whole evaluation dataset.
+        freq (`int`, *optional*): log every `freq` optimizer steps; by default every `state.eval_steps` steps
+            (`args.eval_steps`, transformers' default 500 when it is unset).
+
+    Prompts are split between processes, generated `args.per_device_eval_batch_size` at a time, left-padded, and
+    decoded without special tokens; the main process logs the gathered rows. The table grows: every log holds all
+    earlier rows too, and `step` is a string, as in TRL. `self.table` keeps the rows (`[step, prompt, completion]`).
+
+    Raises:
+        ValueError: at construction if the trainer has no evaluation dataset.
+
+    TRL compatibility: TRL 1.16's signature and table. Differences: the tokenizer's `padding_side` and the model's
+    train/eval mode are restored after generating (TRL leaves the tokenizer left-padded and generates in training
+    mode, so with dropout on).
+    """
+
+    def __init__(self, trainer, generation_config=None, num_prompts: int | None = None, freq: int | None = None):
+        if trainer.eval_dataset is None:
+            raise ValueError("LogCompletionsCallback needs a trainer with an evaluation dataset (`eval_dataset`).")
+        self.trainer = trainer
+        self.generation_config = generation_config
+        self.freq = freq
+        self.eval_dataset = trainer.eval_dataset
+        if num_prompts is not None:
+            self.eval_dataset = self.eval_dataset.select(range(num_prompts))
+        self.table: list[list[str]] = []
+        self._last_logged_step = -1
+
+    def _generate(self, prompts: list[str], tokenizer, batch_size: int) -> list[str]:
+        """Completions (text, special tokens dropped) of `prompts`, `batch_size` at a time."""
+        accelerator = self.trainer.accelerator
+        completions = []
+        padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+        try:
+            with unwrap_model_for_generation(self.trainer.model_wrapped, accelerator) as model:
+                was_training = model.training
+                model.eval()
+                try:
+                    for start in range(0, len(prompts), batch_size):
+                        batch = tokenizer(
+                            prompts[start : start + batch_size], return_tensors="pt", padding=True, truncation=True
+                        ).to(model.device)
+                        output = model.generate(**batch, generation_config=self.generation_config)
+                        new_tokens = output[:, batch["input_ids"].shape[1] :]
+                        completions += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+                finally:
+                    model.train(was_training)
+        finally:
+            tokenizer.padding_side = padding_side
+        return completions
+
+    def on_step_end(self, args, state, control, **kwargs):
+        freq = self.freq or state.eval_steps
+        if state.global_step == self._last_logged_step or state.global_step % freq != 0:
+            return
+        tokenizer = kwargs["processing_class"]
+        accelerator = self.trainer.accelerator
+        with accelerator.split_between_processes(list(self.eval_dataset["prompt"])) as local_prompts:
+            local_prompts = [maybe_apply_chat_template({"prompt": p}, tokenizer)["prompt"] for p in local_prompts]
+            local_completions = self._generate(local_prompts, tokenizer, args.per_device_eval_batch_size)
+        prompts, completions = gather_object(local_prompts), gather_object(local_completions)
+        if accelerator.is_main_process:
+            self.table += [[str(state.global_step), p, c] for p, c in zip(prompts, completions, strict=True)]
+            self._report(args.report_to)
+        self._last_logged_step = state.global_step
+
+    def _report(self, report_to: list[str]):
+        """Send the whole table to the reporters among wandb and comet_ml (no-op for the others)."""
+        import pandas as pd
+
+        table = pd.DataFrame(self.table, columns=["step", "prompt", "completion"])
+        if "wandb" in report_to:
+            import wandb
+
+            wandb.log({"completions": table})
+        if "comet_ml" in report_to:
+            import comet_ml
+
+            experiment = comet_ml.get_running_experiment()
+            if experiment is not None:
+                experiment.log_table(tabular_data=table, filename="completions.csv")

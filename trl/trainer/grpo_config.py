@@ -523,7 +523,10 @@ class GRPOConfig(TrainingArguments):
 
         errors = []
         if self.num_generations < 2:
-            errors.append(f"num_generations must be at least 2 (got {self.num_generations}): GRPO needs a group.")
+            errors.append(
+                f"num_generations must be at least 2 (got {self.num_generations}): GRPO requires at least 2 "
+                "generations per prompt, since each completion is scored against the others of its group."
+            )
         if self.max_completion_length < 1:
             errors.append(f"max_completion_length must be at least 1 (got {self.max_completion_length}).")
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
@@ -542,10 +545,11 @@ class GRPOConfig(TrainingArguments):
                 f"(got {self.generation_implementation!r})."
             )
         if self.loss_type not in LOSS_TYPES:
-            errors.append(f"loss_type must be one of {', '.join(LOSS_TYPES)} (got {self.loss_type!r}).")
+            errors.append(f"Unknown loss type: {self.loss_type}. loss_type must be one of {', '.join(LOSS_TYPES)}.")
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
             errors.append(
-                f"importance_sampling_level must be 'token' or 'sequence' (got {self.importance_sampling_level!r})."
+                f"Unknown importance sampling level: {self.importance_sampling_level}. importance_sampling_level "
+                "must be 'token' or 'sequence'."
             )
         if not 0.0 <= self.top_entropy_quantile <= 1.0:
             errors.append(f"top_entropy_quantile must be in [0, 1] (got {self.top_entropy_quantile}).")
@@ -559,7 +563,10 @@ class GRPOConfig(TrainingArguments):
                 f"entropy_coef_min ({self.entropy_coef_min}) must not exceed entropy_coef_max ({self.entropy_coef_max})."
             )
         if self.scale_rewards not in SCALE_REWARDS:
-            errors.append(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)} (got {self.scale_rewards!r}).")
+            errors.append(
+                f"Invalid value for scale_rewards: {self.scale_rewards}. It must be one of "
+                f"{', '.join(SCALE_REWARDS)} (or True for group, False for none)."
+            )
         if not 0.0 < self.ref_model_mixup_alpha <= 1.0:
             errors.append(
                 f"ref_model_mixup_alpha must be in (0, 1] (got {self.ref_model_mixup_alpha}); use 1.0 for a hard "
@@ -574,8 +581,8 @@ class GRPOConfig(TrainingArguments):
             )
         if self.sync_ref_model and self.beta == 0.0:
             errors.append(
-                "sync_ref_model=True needs a reference model, but beta=0.0 loads none: set beta > 0 or "
-                "sync_ref_model=False."
+                "`sync_ref_model=True` while `beta=0.0` has nothing to sync: beta=0.0 loads no reference model; set "
+                "beta > 0 or sync_ref_model=False."
             )
         if self.reward_model_update_steps is not None and self.reward_model_update_steps < 1:
             errors.append(
@@ -607,24 +614,32 @@ class GRPOConfig(TrainingArguments):
             errors.append("reward_weights must be None or a non-empty list.")
         if self.multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
             errors.append(
-                f"multi_objective_aggregation must be one of {', '.join(MULTI_OBJECTIVE_AGGREGATIONS)} "
-                f"(got {self.multi_objective_aggregation!r})."
+                f"Invalid multi_objective_aggregation: {self.multi_objective_aggregation}. It must be one of "
+                f"{', '.join(MULTI_OBJECTIVE_AGGREGATIONS)}."
             )
         if self.num_generations_eval is not None and self.num_generations_eval < 1:
             errors.append(f"num_generations_eval must be at least 1 or None (got {self.num_generations_eval}).")
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
             errors.append(f"pad_to_multiple_of must be at least 1 or None (got {self.pad_to_multiple_of}).")
+        if self.log_completions_hub_repo is not None and not self.log_completions:
+            errors.append(
+                "log_completions_hub_repo is set, but log_completions is False: there are no completions to upload; "
+                "set log_completions=True or leave log_completions_hub_repo None."
+            )
         errors += unsupported_feature_errors(self)
 
         num_processes = self.world_size
         local_batch = self.per_device_train_batch_size * num_processes
         if self.steps_per_generation is not None and self.generation_batch_size is not None:
-            errors.append("Set steps_per_generation or generation_batch_size, not both.")
+            errors.append(
+                "'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time: "
+                "set one of them, the other is derived from it."
+            )
         elif self.generation_batch_size is not None:
             if self.generation_batch_size % local_batch != 0:
                 errors.append(
-                    f"generation_batch_size ({self.generation_batch_size}) must be a multiple of "
-                    f"per_device_train_batch_size × num_processes ({local_batch})."
+                    f"generation_batch_size ({self.generation_batch_size}) must be divisible by the global batch size "
+                    f"({local_batch}): a multiple of per_device_train_batch_size × num_processes."
                 )
             else:
                 self.steps_per_generation = self.generation_batch_size // local_batch
@@ -635,9 +650,10 @@ class GRPOConfig(TrainingArguments):
         self.generation_batch_size = local_batch * self.steps_per_generation
         if self.num_generations >= 2 and self.generation_batch_size % self.num_generations != 0:
             errors.append(
-                f"The generation batch ({self.generation_batch_size} completions = per_device_train_batch_size "
-                f"{self.per_device_train_batch_size} × {num_processes} processes × steps_per_generation "
-                f"{self.steps_per_generation}) must be divisible by num_generations ({self.num_generations}): change "
+                f"generation_batch_size ({self.generation_batch_size}) must be divisible by num_generations "
+                f"({self.num_generations}). The generation batch ({self.generation_batch_size} completions = "
+                f"per_device_train_batch_size {self.per_device_train_batch_size} × {num_processes} processes × "
+                f"steps_per_generation {self.steps_per_generation}) must hold whole groups: change "
                 "per_device_train_batch_size, steps_per_generation or num_generations."
             )
         if errors:
@@ -648,16 +664,19 @@ class GRPOConfig(TrainingArguments):
         """The combinations TRL accepts but warns about: each departs from the setup of its paper."""
         if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
             logger.warning(
-                "loss_type='luspo' is defined with importance_sampling_level='sequence' (its paper's setup)."
+                "loss_type='luspo' is defined with sequence-level importance weights (its paper's setup): "
+                "`importance_sampling_level` should be set to `'sequence'`."
             )
         if self.loss_type == "vespo" and self.importance_sampling_level != "token":
             logger.warning(
-                "loss_type='vespo' builds its own sequence-level weights: keep importance_sampling_level='token'."
+                "VESPO computes sequence-level importance weights internally: loss_type='vespo' builds its own "
+                "sequence-level weights, so keep importance_sampling_level='token'."
             )
         if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
             logger.warning(
-                f"With importance_sampling_level='sequence', loss_type={self.loss_type!r} sums per-token terms, so "
-                "each sequence weighs as much as its length; GSPO's per-sequence objective is loss_type='grpo'."
+                f"With importance_sampling_level='sequence', the `'{self.loss_type}'` loss sums per-token "
+                "contributions, so each sequence weighs as much as its length; GSPO's per-sequence objective is "
+                "loss_type='grpo'."
             )
 
 
@@ -666,7 +685,11 @@ def unsupported_feature_errors(args: GRPOConfig) -> list[str]:
     features = {  # field: (switched on, the feature)
         "use_vllm": (args.use_vllm, "vLLM generation"),
         "use_transformers_continuous_batching": (args.use_transformers_continuous_batching, "continuous batching"),
-        "use_transformers_paged": (args.use_transformers_paged, "continuous batching (deprecated TRL name)"),
+        "use_transformers_paged": (
+            args.use_transformers_paged,
+            "continuous batching (`use_transformers_paged` is deprecated in TRL: its new name is "
+            "use_transformers_continuous_batching)",
+        ),
         "transformers_continuous_batching_config": (
             args.transformers_continuous_batching_config is not None,
             "continuous batching",

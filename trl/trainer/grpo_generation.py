@@ -11,7 +11,6 @@ from transformers.generation import GenerationMode
 from transformers.utils import logging
 
 from .grpo_config import GENERATION_IMPLEMENTATIONS
-from .grpo_inputs import ends_with_stop
 from .grpo_losses import completion_mask
 from .layouts import PLAIN, ZERO3, parameter_layouts
 from .prefix_sharing import length_scaled_ropes, rope_sharing_blocker, shared_prefix_cache, split_lengths
@@ -169,42 +168,67 @@ def sample_completions(
     return sequences[:, prompt_ids.size(1) :].clone()  # a normal tensor: training may save it for backward
 
 
+def left_pad(rows: list[list[int]], pad_token_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(N, P)` int64 ids of `rows` left-padded with `pad_token_id` to the longest row, and their attention mask."""
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad_token_id] * (width - len(row)) + list(row) for row in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], dtype=torch.long)
+    return ids.to(device), mask.to(device)
+
+
+def completion_id_lists(completion_ids: torch.Tensor, eos_token_ids: list[int]) -> list[list[int]]:
+    """The N token lists of `(N, L)` sampled `completion_ids`, each cut after its first id of `eos_token_ids`
+    (TRL 1.16's `completion_ids` lists)."""
+    mask = completion_mask(completion_ids, eos_token_ids).bool().cpu()
+    return [row[m].tolist() for row, m in zip(completion_ids.cpu(), mask)]
+
+
+def decode_completion_lists(
+    completion_ids: list[list[int]], tokenizer: PreTrainedTokenizerBase, conversational: bool = False
+) -> list:
+    """What reward functions receive: each completion decoded with special tokens skipped, as a text, or as
+    `[{"role": "assistant", "content": text}]` for conversational prompts (TRL 1.16's `completions`)."""
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+
+
+def completion_text(completion) -> str:
+    """The text of one completion as reward functions receive it: itself, or its messages' contents joined."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(str(message.get("content", "")) for message in completion)
+
+
 class Completions(NamedTuple):
-    """The sampled completions of N prompt rows, as the rewards and the loss read them.
+    """N completions as token lists, padded for the loss.
 
     Attributes:
-        full_mask: `(N, L)` int64, 1 on each completion's tokens up to and including its first stop token.
+        completion_ids: `(N, L)` int64 ids, right-padded with the pad token to the longest completion.
+        full_mask: `(N, L)` int64, 1 on each completion's tokens (up to and including its first stop token).
         mask: `(N, L)` int64 loss mask: `full_mask`, zeroed on truncated completions with `mask_truncated_completions`.
-        terminated: `(N,)` bool, `True` where the completion ended with a stop (or pad) token.
-        ids: N lists of the completion's token ids (under `full_mask`).
-        texts: N decoded completions (special tokens skipped).
-        completions: what reward functions receive: `texts`, or `[{"role": "assistant", "content": text}]` each for
-            conversational prompts.
+        terminated: `(N,)` bool, `True` where the completion's last token is a stop (or the pad) token; `False` for
+            completions cut by `max_completion_length` (and empty ones).
     """
 
+    completion_ids: torch.Tensor
     full_mask: torch.Tensor
     mask: torch.Tensor
     terminated: torch.Tensor
-    ids: list[list[int]]
-    texts: list[str]
-    completions: list
 
 
-def decode_completions(
-    completion_ids: torch.Tensor,
-    tokenizer: PreTrainedTokenizerBase,
-    eos_token_ids: list[int],
+def pad_completions(
+    completion_ids: list[list[int]],
+    pad_token_id: int,
+    end_ids: list[int],
     mask_truncated_completions: bool = False,
-    conversational: bool = False,
+    device=None,
 ) -> Completions:
-    """Masks, token lists and texts of `(N, L)` sampled `completion_ids`, as TRL 1.16 makes them.
-
-    A completion ends at its first id of `eos_token_ids`; it counts as terminated when its last token is a stop or
-    the pad token (not cut by `max_completion_length`). See [`Completions`] for the shapes."""
-    full_mask = completion_mask(completion_ids, eos_token_ids)
-    terminated = ends_with_stop(completion_ids, full_mask, [*eos_token_ids, tokenizer.pad_token_id])
+    """The padded ids and masks of N completion token lists, as TRL 1.16 builds them: right-padded with
+    `pad_token_id`; a completion counts as terminated when its last id is in `end_ids` (the stop tokens and the pad
+    token), and `mask_truncated_completions` zeroes the loss mask of the others."""
+    width = max(1, max(len(row) for row in completion_ids))
+    ids = torch.tensor([list(row) + [pad_token_id] * (width - len(row)) for row in completion_ids], dtype=torch.long)
+    full_mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in completion_ids], dtype=torch.long)
+    terminated = torch.tensor([len(row) > 0 and row[-1] in end_ids for row in completion_ids], dtype=torch.bool)
     mask = full_mask * terminated.unsqueeze(1).long() if mask_truncated_completions else full_mask
-    ids = [row[m.bool()].tolist() for row, m in zip(completion_ids, full_mask)]
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
-    return Completions(full_mask, mask, terminated, ids, texts, completions)
+    return Completions(ids.to(device), full_mask.to(device), mask.to(device), terminated.to(device))

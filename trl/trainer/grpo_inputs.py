@@ -3,6 +3,7 @@
 ids, the seeds of sampling and shuffling, the tokens that stop a completion, the dataset columns reward functions
 receive, and the shuffled micro-batches of a generation batch."""
 
+import copy
 import math
 from collections.abc import Iterator, Sized
 from contextlib import contextmanager
@@ -10,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from datasets import IterableDataset
+from torch.utils.data import IterableDataset as TorchIterableDataset
 from torch.utils.data import Sampler
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging
@@ -111,10 +114,7 @@ class RepeatSampler(Sampler):
         return (self.num_samples // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
 
 
-def is_conversational(example: dict[str, Any]) -> bool:
-    """True when the example's `"prompt"` is a list of `{"role", "content"}` messages."""
-    prompt = example.get("prompt")
-    return isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
+from ..data_utils import is_conversational  # noqa: E402, F401  (one definition, TRL's; re-exported here)
 
 
 def reward_columns(inputs: list[dict[str, Any]]) -> dict[str, list]:
@@ -133,21 +133,6 @@ def stop_token_ids(tokenizer_eos_token_id: int | None, model_eos_token_id: int |
     if tokenizer_eos_token_id is not None and tokenizer_eos_token_id not in ids:
         ids = [tokenizer_eos_token_id, *ids]
     return ids
-
-
-def ends_with_stop(completion_ids: torch.Tensor, completion_mask: torch.Tensor, end_ids: list[int]) -> torch.Tensor:
-    """Whether each completion's last token (the last one under the mask) is one of `end_ids`.
-
-    Args:
-        completion_ids: `(N, L)` int tensor.
-        completion_mask: `(N, L)` 0/1 tensor of each completion's tokens (a prefix of every row).
-        end_ids: ids that count as a proper end (the stop tokens and the pad token, as in TRL).
-
-    Returns:
-        `(N,)` bool tensor; `False` for completions cut by `max_completion_length`.
-    """
-    last = (completion_mask.sum(dim=1) - 1).clamp(min=0).unsqueeze(1)
-    return torch.isin(completion_ids.gather(1, last).squeeze(1), torch.as_tensor(end_ids, device=last.device))
 
 
 def tokenize_prompts(
@@ -232,10 +217,22 @@ def shuffle_and_split(batch: dict[str, Any], num_chunks: int, seed: int) -> list
 
 
 def check_prompt_datasets(train_dataset, eval_dataset=None) -> None:
-    """Raise a `ValueError` unless there is a `train_dataset` and every dataset with known columns has `"prompt"`."""
+    """Raise a `ValueError` unless there is a `train_dataset` and every dataset with known columns has `"prompt"`.
+
+    `eval_dataset` may be a dict of named datasets (each is checked). A stream whose columns are unknown until it is
+    read (`IterableDataset.column_names` is `None`, e.g. `IterableDataset.from_generator`) is not read here: a
+    missing `"prompt"` then shows up as a `KeyError` at its first batch.
+    """
     if train_dataset is None:
-        raise ValueError("GRPOTrainer needs a `train_dataset` (with a 'prompt' column) to sample prompts from.")
-    for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+        raise ValueError(
+            "`train_dataset` is required: GRPOTrainer samples its prompts from it (a dataset with a 'prompt' column)."
+        )
+    named = [("train_dataset", train_dataset)]
+    if isinstance(eval_dataset, dict):
+        named += [(f"eval_dataset[{key!r}]", dataset) for key, dataset in eval_dataset.items()]
+    else:
+        named.append(("eval_dataset", eval_dataset))
+    for name, dataset in named:
         columns = getattr(dataset, "column_names", None)
         if isinstance(columns, list) and "prompt" not in columns:
             raise ValueError(f"{name} needs a 'prompt' column; it has {columns}.")
@@ -246,6 +243,130 @@ def check_eval_batch(per_device_eval_batch_size: int, num_processes: int, num_ge
     if (per_device_eval_batch_size * num_processes) % num_generations_eval:
         raise ValueError(
             f"The global eval batch ({per_device_eval_batch_size} × {num_processes} processes) must be divisible by "
-            f"num_generations_eval ({num_generations_eval}; when unset, num_generations): change "
-            "per_device_eval_batch_size or num_generations_eval."
+            f"the number of generations used for evaluation ({num_generations_eval}) (num_generations_eval, or "
+            "num_generations when unset): change per_device_eval_batch_size or num_generations_eval."
         )
+
+
+# ---- streams: a `datasets.IterableDataset` cannot take a sampler, so the stream itself is put in RepeatSampler's order
+
+STREAM_DISPATCH_PHRASE = "Iterable datasets require `dispatch_batches=False`"
+STREAM_WORKERS_PHRASE = "Iterable datasets require `dataloader_num_workers=0`"
+STREAM_MAX_STEPS_PHRASE = "max_steps has to be specified"
+
+
+def is_stream(dataset) -> bool:
+    """Whether `dataset` (or, for a dict of named datasets, any of them) is a `datasets.IterableDataset`."""
+    if isinstance(dataset, dict):
+        return any(is_stream(member) for member in dataset.values())
+    return isinstance(dataset, IterableDataset)
+
+
+def repeat_iterable_dataset(
+    dataset: IterableDataset, mini_repeat_count: int, batch_size: int = 1, repeat_count: int = 1
+) -> IterableDataset:
+    """The rows of a stream in the order `RepeatSampler(shuffle=False)` gives the same rows of a map-style dataset.
+
+    The stream is read `batch_size` rows at a time (one chunk: the unique prompts of a generation batch); each chunk
+    is yielded `repeat_count` times, each row `mini_repeat_count` times in a row. As in `RepeatSampler`, a last
+    chunk with fewer than `batch_size` rows is dropped, so every generation batch is whole, and the stream ends
+    there (the `Trainer` starts the next epoch from the beginning; `set_epoch` reaches an upstream
+    `IterableDataset.shuffle`, which reshuffles). Shuffling is the caller's: `dataset.shuffle(seed)` first (a
+    buffered shuffle, not `RepeatSampler`'s full permutation, so the shuffled orders differ). Repeated rows are
+    copies: a reward function that edits a row changes no other.
+
+    Example: rows 0…6, `mini_repeat_count=2, batch_size=3, repeat_count=2` gives
+    0 0 1 1 2 2 0 0 1 1 2 2 3 3 4 4 5 5 3 3 4 4 5 5 (row 6 is dropped).
+    """
+
+    def repeat_chunk(chunk: dict[str, list]) -> dict[str, list]:
+        columns = list(chunk)
+        rows = list(zip(*chunk.values()))
+        out = [row for _ in range(repeat_count) for row in rows for _ in range(mini_repeat_count)]
+        return {column: [copy.deepcopy(row[i]) for row in out] for i, column in enumerate(columns)}
+
+    return dataset.map(repeat_chunk, batched=True, batch_size=batch_size, drop_last_batch=True)
+
+
+class WholeStream(TorchIterableDataset):
+    """A stream that every process reads whole, so that accelerate cuts each global batch into one contiguous slice
+    per process (`IterableDatasetShard`), the layout `BatchSamplerShard` gives `RepeatSampler`'s batches.
+
+    Handed a `datasets.IterableDataset` with at least as many file shards as processes, accelerate would instead
+    give each process its own shards, and each would assemble generation batches from its own prompts: with
+    `num_iterations × steps_per_generation > 1` the repeats of a chunk then land on different steps of a process
+    and prompts are skipped. `set_epoch` is passed on (an upstream `shuffle` reshuffles per epoch).
+    """
+
+    def __init__(self, dataset: IterableDataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+
+def check_stream_settings(args, train_dataset, eval_dataset=None) -> None:
+    """TRL 1.16's settings for `IterableDataset`s, checked (and set) on `args` before the `Trainer` builds its
+    accelerator.
+
+    - With any stream (train or eval), `accelerator_config.dispatch_batches` must be `False`: `True` raises a
+      `ValueError`; unset (`None`, where accelerate would dispatch a stream) becomes `False`. Dispatching collates
+      every batch on process 0 and concatenates the columns as tensors, which fails on the text `"prompt"`.
+    - A train stream is read by one loader process: `dataloader_num_workers` other than 0 is set to 0 with a
+      warning (workers would each read a share of the stream and interleave their rows, splitting the groups of
+      `num_generations`); `dataloader_persistent_workers` and `dataloader_prefetch_factor`, which need workers, are
+      reset with it. Map-style datasets keep their workers.
+    - A train stream has no length: `max_steps` must be set (as `Trainer` requires; raised here with the number
+      of rows a step reads).
+
+    Raises:
+        ValueError: for `dispatch_batches=True` with a stream, or a train stream without `max_steps`.
+    """
+    if not (is_stream(train_dataset) or is_stream(eval_dataset)):
+        return
+    config = args.accelerator_config
+    if config.dispatch_batches:
+        raise ValueError(
+            f"{STREAM_DISPATCH_PHRASE}, but it is set to `True` in `accelerator_config`: set it to `False` (or leave "
+            "it unset). Each process then reads the stream and keeps its own slice of every generation batch, as "
+            "with a map-style dataset; with dispatching, process 0 collates the batches and the text 'prompt' "
+            "column cannot be concatenated."
+        )
+    config.dispatch_batches = False
+    if not isinstance(train_dataset, IterableDataset):
+        return
+    if args.max_steps <= 0:
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        raise ValueError(
+            f"The train_dataset is an IterableDataset, which has no length, so {STREAM_MAX_STEPS_PHRASE} (the "
+            "total number of steps bounds the training loop and the learning rate schedule). Set "
+            f"GRPOConfig(max_steps=...): each optimizer step trains on {per_step} completions per process "
+            f"(per_device_train_batch_size × gradient_accumulation_steps, {args.num_generations} per prompt); a "
+            "stream that ends before max_steps is read again from its start."
+        )
+    if args.dataloader_num_workers != 0:
+        logger.warning(
+            f"{STREAM_WORKERS_PHRASE} to preserve prompt grouping; overriding the provided value "
+            f"({args.dataloader_num_workers}) with 0 (and dataloader_persistent_workers / dataloader_prefetch_factor, "
+            "which need workers, with False / None): each worker would read its own share of the stream and the "
+            "groups of num_generations completions would be split. A map-style `Dataset` keeps its workers."
+        )
+        args.dataloader_num_workers = 0
+        args.dataloader_persistent_workers = False
+        args.dataloader_prefetch_factor = None
+
+
+@contextmanager
+def single_process_loading(args) -> Iterator[None]:
+    """Within the block, `args` asks for no loader workers (an eval stream's loader); restored afterwards."""
+    names = ("dataloader_num_workers", "dataloader_persistent_workers", "dataloader_prefetch_factor")
+    saved = {name: getattr(args, name) for name in names}
+    args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_prefetch_factor = 0, False, None
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(args, name, value)

@@ -90,7 +90,9 @@ def group_advantages(
     elif scale_rewards == "none":
         advantages = centred
     else:
-        raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}.")
+        raise ValueError(
+            f"Invalid value for scale_rewards: {scale_rewards}. scale_rewards must be 'group', 'batch' or 'none'."
+        )
     _check_finite_statistics(mean, advantages)  # r − mean itself can overflow while the mean does not
     return advantages.reshape(-1)
 
@@ -245,7 +247,9 @@ def importance_ratio(
     if level == "sequence":
         mask = mask.to(log_ratio.dtype)
         return torch.exp((log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0))
-    raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {level!r}.")
+    raise ValueError(
+        f"Unknown importance sampling level: {level}. importance_sampling_level must be 'token' or 'sequence'."
+    )
 
 
 def clipped_surrogate(
@@ -372,7 +376,7 @@ def off_policy_sequence_mask(
     as the mean over valid tokens of log π_sampling − log π_θ (a KL(π_sampling ‖ π_θ) estimate; no gradient).
 
     Args:
-        advantages: `(N,)`.
+        advantages: `(N,)` or `(N, 1)`.
         per_token_logps: `(N, L)` policy log-probs.
         sampling_per_token_logps: `(N, L)` log-probs of the policy that sampled the data.
         mask: `(N, L)` 1 for valid completion tokens.
@@ -384,7 +388,8 @@ def off_policy_sequence_mask(
     mask = mask.to(per_token_logps.dtype)
     drift = torch.nan_to_num(sampling_per_token_logps - per_token_logps.detach(), nan=0.0)
     mean_drift = (drift * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
-    keep = (advantages.unsqueeze(1) >= 0) | (mean_drift <= threshold)
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    keep = (advantages >= 0) | (mean_drift <= threshold)
     return keep.to(per_token_logps.dtype)
 
 
@@ -514,7 +519,7 @@ def per_token_policy_loss(
         per_token_loss = -phi * adv * per_token_logps
         metrics["vespo/phi_seq_mean"] = phi
     else:
-        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}.")
+        raise ValueError(f"Unknown loss type: {loss_type}. loss_type must be one of {', '.join(LOSS_TYPES)}.")
     if off_policy_mask_threshold is not None:
         per_token_loss = per_token_loss * off_policy_sequence_mask(
             advantages, per_token_logps, old_per_token_logps, mask, off_policy_mask_threshold
@@ -566,7 +571,7 @@ def aggregate_loss(
         return masked.sum() / torch.as_tensor(num_items_in_batch, dtype=masked.dtype).clamp(min=1.0)
     if loss_type == "luspo":
         return masked.sum(-1).mean()
-    raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}.")
+    raise ValueError(f"Unknown loss type: {loss_type}. loss_type must be one of {', '.join(LOSS_TYPES)}.")
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

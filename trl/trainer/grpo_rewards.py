@@ -14,6 +14,7 @@ import threading
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Set
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -86,8 +87,8 @@ def load_reward_funcs(
     """
     if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
         raise ValueError(
-            "GRPOTrainer needs at least one reward: pass `reward_funcs` (a function, a reward model or its path, or a "
-            "list of them)."
+            "No reward source provided: GRPOTrainer needs at least one reward, so pass `reward_funcs` (a function, a "
+            "reward model or its path, or a list of them)."
         )
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     model_init_kwargs = {
@@ -98,8 +99,8 @@ def load_reward_funcs(
     funcs = [_load_reward_model(f, model_init_kwargs) if isinstance(f, str) else f for f in funcs]
     if reward_weights is not None and len(reward_weights) != len(funcs):
         raise ValueError(
-            f"reward_weights has {len(reward_weights)} entries but there are {len(funcs)} reward functions: give one "
-            "weight per reward function."
+            f"Number of reward weights ({len(reward_weights)}) must match number of reward functions ({len(funcs)}): "
+            "give one weight per reward function."
         )
     for index, weight in enumerate(reward_weights or []):
         if not isinstance(weight, numbers.Real) or not math.isfinite(weight):
@@ -114,8 +115,8 @@ def load_reward_funcs(
         reward_processing_classes = [reward_processing_classes]
     if len(reward_processing_classes) != len(funcs):
         raise ValueError(
-            f"The lengths of reward_processing_classes ({len(reward_processing_classes)}) and reward_funcs "
-            f"({len(funcs)}) must match: give one entry (None for a function) per reward function."
+            f"The number of reward processing classes ({len(reward_processing_classes)}) must match the number of "
+            f"reward functions ({len(funcs)}): give one entry (None for a function) per reward function."
         )
     processing_classes = list(reward_processing_classes)
     for i, (func, tokenizer) in enumerate(zip(funcs, processing_classes)):
@@ -281,7 +282,8 @@ def reward_column(values: Any, name: str, num_completions: int) -> list[float]:
     values = list(values)
     if len(values) != num_completions:
         raise ValueError(
-            f"Reward function {name!r} returned {len(values)} rewards for {num_completions} completions: {expected}."
+            f"Reward function {name!r} returned {len(values)} rewards, but {num_completions} were expected: "
+            f"{expected}."
         )
     column = []
     for index, value in enumerate(values):
@@ -551,8 +553,8 @@ def aggregate_rewards(
         zero_std = frac_reward_zero_std(combined, 1, "batch")
     else:
         raise ValueError(
-            f"multi_objective_aggregation must be one of {', '.join(MULTI_OBJECTIVE_AGGREGATIONS)}, got "
-            f"{multi_objective_aggregation!r}."
+            f"Invalid multi_objective_aggregation: {multi_objective_aggregation}. It must be one of "
+            f"{', '.join(MULTI_OBJECTIVE_AGGREGATIONS)}."
         )
     return AggregatedRewards(advantages, rewards, valid, zero_std)
 
@@ -635,3 +637,34 @@ class RewardLogHooks:
         self.extra.clear()
         self.metrics.clear()
         return columns, metrics
+
+
+@contextmanager
+def raise_on_every_process(num_processes: int, gather_object: Callable[[list], list]):
+    """Run the block on every process and raise its reward errors on all of them together.
+
+    A `TypeError` or `ValueError` raised in the block on one process would leave the others waiting in their next
+    collective; instead each process's error (or `None`) is gathered once the block ends. The process where it happened
+    raises its own error; the others raise the same type, `"reward function error on process <r>: <message>"`. On one
+    process the error is raised as it is, with no gather.
+
+    Args:
+        num_processes: the number of processes (every one must enter the block).
+        gather_object: concatenates a list from every process (`accelerate.utils.gather_object`).
+    """
+    if num_processes == 1:
+        yield
+        return
+    error = None
+    try:
+        yield
+    except (TypeError, ValueError) as caught:
+        error = caught
+    kind = "TypeError" if isinstance(error, TypeError) else "ValueError"
+    errors = gather_object([None if error is None else (kind, str(error))])
+    if error is not None:
+        raise error
+    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+    if failed:
+        rank, (kind, message) = failed[0]
+        raise (TypeError if kind == "TypeError" else ValueError)(f"reward function error on process {rank}: {message}")

@@ -184,8 +184,9 @@ def router_aux_loss_settings(model: nn.Module, router_aux_loss_coef: float | Non
     coef = getattr(config, "router_aux_loss_coef", 0.0) if router_aux_loss_coef is None else router_aux_loss_coef
     if router_aux_loss_coef and not can_route:
         raise ValueError(
-            f"router_aux_loss_coef={router_aux_loss_coef} needs a Mixture-of-Experts model that returns router "
-            f"logits, but {type(model).__name__} has none: leave router_aux_loss_coef=None (or 0.0)."
+            f"router_aux_loss_coef={router_aux_loss_coef}, but {type(model).__name__} is not a Mixture-of-Experts "
+            "model: it returns no router logits, so there is no load-balancing loss to weight; leave "
+            "router_aux_loss_coef=None (or 0.0)."
         )
     return coef, can_route and coef != 0.0
 
@@ -203,8 +204,8 @@ def cast_lm_head_to_fp32(model: nn.Module) -> None:
     head = model.get_output_embeddings()
     if hasattr(head, "base_layer"):  # a PEFT tuner layer
         raise ValueError(
-            "cast_lm_head_to_fp32=True does not support a PEFT adapter on the LM head: remove 'lm_head' from the "
-            "adapter's target_modules, or set cast_lm_head_to_fp32=False."
+            "Applying a PEFT adapter to `lm_head` is not supported with cast_lm_head_to_fp32=True: remove 'lm_head' "
+            "from the adapter's target_modules, or set cast_lm_head_to_fp32=False."
         )
     dtype = head.weight.dtype
     head.float()

@@ -11,7 +11,6 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
@@ -46,24 +45,35 @@ from .grpo_checkpoint import (
     save_reference_state,
 )
 from .grpo_config import GRPOConfig
-from .grpo_generation import decode_completions, grpo_generation_config, sample_completions
+from .grpo_generation import (
+    completion_id_lists,
+    completion_text,
+    decode_completion_lists,
+    grpo_generation_config,
+    left_pad,
+    pad_completions,
+    sample_completions,
+)
 from .grpo_inputs import (
     RepeatSampler,
+    WholeStream,
     check_eval_batch,
     check_prompt_datasets,
+    check_stream_settings,
     is_conversational,
     micro_steps_done,
+    repeat_iterable_dataset,
     reward_columns,
     sampling_rng,
     shuffle_and_split,
     shuffle_seed,
+    single_process_loading,
     stop_token_ids,
     tokenize_prompts,
 )
 from .grpo_losses import (
     POLICY_LOSS_FIELDS,
     aggregate_loss,
-    high_entropy_mask,
     importance_weighted_kl,
     kl_k3,
     pad_to_multiple,
@@ -85,11 +95,13 @@ from .grpo_rewards import (
     call_reward_funcs,
     is_async_reward_func,
     load_reward_funcs,
+    raise_on_every_process,
     weighted_rewards,
 )
-from .grpo_scoring import cast_lm_head_to_fp32, gather_valid_entropies, router_aux_loss_settings, score_completions
+from .grpo_scoring import cast_lm_head_to_fp32, router_aux_loss_settings, score_completions
 from .ref_sync import make_reference, non_persistent_buffer_names
 from .reward_model_refresh import RewardModelRefresh
+from .trl_compat import TRLTrainerSurface, check_overrides
 
 
 logger = logging.get_logger(__name__)
@@ -99,7 +111,7 @@ def _identity(features):
     return features
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(TRLTrainerSurface, Trainer):
     """Trainer for Group Relative Policy Optimization (GRPO, DeepSeekMath, arXiv 2402.03300), with iterative GRPO.
 
     For each prompt, `num_generations` completions are sampled and scored; each completion's advantage is its
@@ -119,10 +131,12 @@ class GRPOTrainer(Trainer):
             `PreTrainedModel`; the first logit is the reward). Required.
         args ([`GRPOConfig`], *optional*):
             Configuration; defaults to `GRPOConfig("<model name>-GRPO")`.
-        train_dataset, eval_dataset ([`~datasets.Dataset`]):
-            `train_dataset` is required. Both must have a `"prompt"` column: text (standard) or a list of messages
-            (conversational, rendered with the tokenizer's chat template and `args.chat_template_kwargs`;
-            completions then reach reward functions as messages).
+        train_dataset, eval_dataset ([`~datasets.Dataset`] or [`~datasets.IterableDataset`]):
+            `train_dataset` is required (`eval_dataset` may also be a dict of them). Both must have a `"prompt"`
+            column: text (standard) or a list of messages (conversational, rendered with the tokenizer's chat
+            template and `args.chat_template_kwargs`; completions then reach reward functions as messages). A stream
+            (`IterableDataset`) is read in `RepeatSampler`'s order (see `grpo_inputs.repeat_iterable_dataset`), needs
+            `max_steps` for training, and is read with `dispatch_batches=False` and no loader workers, as in TRL.
         processing_class ([`~transformers.PreTrainedTokenizerBase`], *optional*):
             Tokenizer of the policy; loaded from the model's path when omitted. Prompts are left-padded.
         reward_processing_classes (tokenizer or list of them, *optional*):
@@ -147,7 +161,9 @@ class GRPOTrainer(Trainer):
     Raises:
         ValueError: without reward functions or `train_dataset`, for reward weights or processing classes that do not
             match the reward functions, a dataset without `"prompt"`, or an eval batch that is not divisible by
-            `num_generations_eval` (or `num_generations`).
+            `num_generations_eval` (or `num_generations`); for a stream with `dispatch_batches=True` or a train stream
+            without `max_steps`.
+        TypeError: if the class overrides a TRL 1.16 method that this trainer never calls (`trl_compat`).
     """
 
     _tag_names = ["trl", "grpo", "iterative-grpo"]
@@ -170,6 +186,7 @@ class GRPOTrainer(Trainer):
         environment_factory: Callable | dict[str, Callable] | None = None,
         reward_model_label_func: Callable[..., list[float | None]] | None = None,
     ):
+        check_overrides(type(self), GRPOTrainer)
         unsupported = {"tools": tools, "rollout_func": rollout_func, "environment_factory": environment_factory}
         for name, value in unsupported.items():  # TRL's tool-calling and custom-rollout arguments
             if value is not None:
@@ -189,6 +206,7 @@ class GRPOTrainer(Trainer):
         self._reward_loop = RewardEventLoop() if any(map(is_async_reward_func, self.reward_funcs)) else None
         self._reward_hooks = RewardLogHooks()
         check_prompt_datasets(train_dataset, eval_dataset)
+        check_stream_settings(args, train_dataset, eval_dataset)  # before the accelerator is built
 
         # Reference model: a frozen copy, a frozen adapter of a PEFT policy, or (None, None) (see `make_reference`)
         self.beta = args.beta
@@ -277,6 +295,37 @@ class GRPOTrainer(Trainer):
 
     def _get_eval_sampler(self, eval_dataset) -> Sampler:  # seeded shuffle: TRL's eval prompt order
         return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, seed=self.args.seed)
+
+    def get_train_dataloader(self):
+        """One item = one local generation batch (`_train_batch_size` rows). A map-style dataset gets `RepeatSampler`;
+        a stream is put in the same order (`repeat_iterable_dataset`, after a buffered shuffle when
+        `shuffle_dataset`) and read whole by every process, which keeps its slice of each batch."""
+        dataset = self.train_dataset
+        if isinstance(dataset, IterableDataset):
+            args = self.args
+            dataset = WholeStream(
+                repeat_iterable_dataset(
+                    dataset.shuffle(seed=args.seed) if args.shuffle_dataset else dataset,
+                    mini_repeat_count=self.num_generations,
+                    batch_size=args.generation_batch_size // self.num_generations,
+                    repeat_count=self.num_iterations * args.steps_per_generation,
+                )
+            )
+        return self._get_dataloader(dataset, "Training", self._train_batch_size, self._get_train_sampler, True)
+
+    def get_eval_dataloader(self, eval_dataset: str | Dataset | IterableDataset | None = None):
+        """As `Trainer`'s for a map-style dataset; a stream is shuffled (buffered, `seed`) and each prompt repeated
+        `num_generations_eval` times in a row, read without loader workers."""
+        named = isinstance(eval_dataset, str)
+        dataset = self.eval_dataset[eval_dataset] if named else eval_dataset
+        dataset = self.eval_dataset if dataset is None else dataset
+        if not isinstance(dataset, IterableDataset):
+            return super().get_eval_dataloader(eval_dataset)
+        check_stream_settings(self.args, None, dataset)  # a stream given to `evaluate` only
+        self.accelerator.dataloader_config.dispatch_batches = False
+        stream = repeat_iterable_dataset(dataset.shuffle(seed=self.args.seed), self.num_generations_eval)
+        with single_process_loading(self.args):
+            return self._get_dataloader(WholeStream(stream), "Evaluation", self.args.eval_batch_size)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         self._step, self._buffered_inputs = None, None
@@ -388,6 +437,61 @@ class GRPOTrainer(Trainer):
         self._eval_batches = 0  # eval sampling is seeded by (optimizer step, batch index): resume-proof
         return super().evaluate(*args, **kwargs)
 
+    def _tokenize_prompts(self, prompts: list) -> tuple[list[list[int]], None, dict]:
+        """TRL 1.16's prompt tokenisation step: `(prompt_ids, images, multimodal_fields)`, with `prompt_ids` one list
+        of token ids per prompt (no padding; texts through the tokenizer, messages through its chat template with
+        `chat_template_kwargs`, see `grpo_inputs.tokenize_prompts`), `images` `None` and `multimodal_fields` `{}`
+        (no vision models here). With `max_prompt_length`, prompts keep their last tokens and the cut rows are
+        recorded for the `prompts/truncated_ratio` metric."""
+        ids, mask, self._prompts_truncated = tokenize_prompts(
+            self.processing_class, prompts, self.max_prompt_length, self.args.chat_template_kwargs
+        )
+        return [row[m.bool()].tolist() for row, m in zip(ids, mask)], None, {}
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations):
+        """TRL 1.16's sampling step: one completion per row of `prompt_ids` (N lists of ids; each prompt already
+        repeated `num_generations` times) with the policy's `generate` (see `grpo_generation.sample_completions`),
+        seeded by the position in training. Returns `(completion_ids, logprobs)`: N lists of ids cut after the first
+        stop token, and `None` (no sampler log-probs without vLLM).
+
+        Raises:
+            ValueError: if `images` or `multimodal_fields` are given (vision models are not supported here).
+        """
+        if images is not None or multimodal_fields:
+            raise ValueError("Images and multimodal prompt fields are not supported here (no vision models).")
+        args, device = self.args, self.accelerator.device
+        mode = "train" if self.model.training else "eval"
+        pad_id = self.processing_class.pad_token_id
+        ids, mask = left_pad(prompt_ids, pad_id, device)
+        ids = pad_to_multiple(ids, args.pad_to_multiple_of, pad_id, side="left")
+        mask = pad_to_multiple(mask, args.pad_to_multiple_of, 0, side="left")
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
+        ) as policy:
+            with torch.no_grad(), self._sampling_rng(mode):
+                completion_ids = sample_completions(
+                    policy, ids, mask, self.generation_config, args.generation_implementation
+                )
+        return completion_id_lists(completion_ids, self.eos_token_ids), None
+
+    def _generate(self, prompts: list):
+        """TRL 1.16's generation step for a batch of N prompts (texts or message lists): `_tokenize_prompts`, then
+        `_generate_single_turn`, then decoding.
+
+        Returns TRL's 8-tuple `(prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images,
+        tool_images)`: N lists of prompt ids, N lists of completion ids (up to and including the first stop token),
+        `None` (no tools), the N completions as reward functions receive them (texts, or
+        `[{"role": "assistant", "content": text}]` for conversational prompts), `None`, `{}`, `None` and `[]`.
+        """
+        mode = "train" if self.model.training else "eval"
+        prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        completion_ids, logprobs = self._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)
+        completions = decode_completion_lists(
+            completion_ids, self.processing_class, is_conversational({"prompt": prompts[0]})
+        )
+        return prompt_ids, completion_ids, None, completions, logprobs, {}, images, []
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """Generate G completions per prompt, score them and compute everything the loss needs.
 
@@ -397,34 +501,25 @@ class GRPOTrainer(Trainer):
         """
         args, device = self.args, self.accelerator.device
         mode = "train" if self.model.training else "eval"
-        tokenizer, multiple = self.processing_class, args.pad_to_multiple_of
-        pad_id = tokenizer.pad_token_id
-        # prompts → left-padded token ids
+        multiple, pad_id = args.pad_to_multiple_of, self.processing_class.pad_token_id
+        # prompts → token lists → completions (see `_generate`), then padded as the loss reads them
         prompts = [example["prompt"] for example in inputs]
-        prompt_ids, prompt_mask, truncated = tokenize_prompts(
-            tokenizer, prompts, self.max_prompt_length, args.chat_template_kwargs
-        )
-        prompt_ids = pad_to_multiple(prompt_ids.to(device), multiple, pad_id, side="left")
-        prompt_mask = pad_to_multiple(prompt_mask.to(device), multiple, 0, side="left")
-
-        # → completions: ids, their tokens up to the first stop token, the loss mask, texts
-        with unwrap_model_for_generation(
-            self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
-        ) as policy:
-            with torch.no_grad(), self._sampling_rng(mode):
-                completion_ids = sample_completions(
-                    policy, prompt_ids, prompt_mask, self.generation_config, args.generation_implementation
-                )
-        conversational, mask_truncated = is_conversational(inputs[0]), args.mask_truncated_completions
-        sampled = decode_completions(completion_ids, tokenizer, self.eos_token_ids, mask_truncated, conversational)
-        completions, full_mask = sampled.completions, sampled.full_mask
-        completion_ids = pad_to_multiple(completion_ids, multiple, pad_id)
+        self._prompts_truncated = None
+        prompt_id_lists, completion_id_list, _, completions, _, _, _, _ = self._generate(prompts)
+        truncated = self._prompts_truncated  # set by `_tokenize_prompts` (None if an override did not)
+        prompt_ids, prompt_mask = left_pad(prompt_id_lists, pad_id, device)
+        prompt_ids = pad_to_multiple(prompt_ids, multiple, pad_id, side="left")
+        prompt_mask = pad_to_multiple(prompt_mask, multiple, 0, side="left")
+        end_ids = [*self.eos_token_ids, pad_id]
+        sampled = pad_completions(completion_id_list, pad_id, end_ids, args.mask_truncated_completions, device)
+        full_mask = sampled.full_mask
+        completion_ids = pad_to_multiple(sampled.completion_ids, multiple, pad_id)
         mask = pad_to_multiple(sampled.mask, multiple, 0)
         if self.reward_model_refresh is not None and mode == "train":  # labelled examples for the next update
-            self.reward_model_refresh.collect(inputs, prompts, completions, sampled.ids, self.state)
+            self.reward_model_refresh.collect(inputs, prompts, completions, completion_id_list, self.state)
 
         # → rewards and advantages over the global batch (a group may straddle processes), then this process's slice
-        rewards_per_func = gather(self._calculate_rewards(inputs, prompts, completions, sampled.ids))
+        rewards_per_func = gather(self._calculate_rewards(inputs, prompts, completions, completion_id_list))
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         weights, aggregation = self.reward_weights.to(device), args.multi_objective_aggregation
         scored = aggregate_rewards(rewards_per_func, weights, group_size, args.scale_rewards, aggregation)
@@ -444,9 +539,9 @@ class GRPOTrainer(Trainer):
         stale = args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) != 0
         with torch.no_grad():
             if stale and mode == "train":
-                output["old_per_token_logps"] = self._get_per_token_logps(
+                output["old_per_token_logps"] = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention_mask, mask.size(1), batch_size
-                )
+                )[0]
             if self.beta != 0.0:
                 output["ref_per_token_logps"] = self._ref_per_token_logps(
                     input_ids, attention_mask, mask.size(1), batch_size
@@ -471,7 +566,7 @@ class GRPOTrainer(Trainer):
             reward_names=self.reward_func_names,
             rewards=scored.rewards,
             frac_zero_std=scored.frac_reward_zero_std,
-            truncated=gather(truncated.to(device)) if self.max_prompt_length is not None else None,
+            truncated=gather(truncated.to(device)) if truncated is not None and self.max_prompt_length else None,
             hook_metrics=hook_metrics,
         )
         for key, value in batch:  # (name, value) pairs: a `log_metric` name may repeat a built-in one
@@ -479,7 +574,7 @@ class GRPOTrainer(Trainer):
         if args.log_completions and mode == "train":  # printed at training logs: never an eval batch
             table = {  # a `log_extra` column may replace `reward`; `advantage` always comes last
                 "prompt": gather_object(prompts),
-                "completion": gather_object(sampled.texts),
+                "completion": gather_object([completion_text(c) for c in completions]),
                 "reward": scored.rewards.tolist(),
                 **extra_columns,
                 "advantage": scored.advantages.tolist(),
@@ -489,99 +584,118 @@ class GRPOTrainer(Trainer):
         return output
 
     def _calculate_rewards(
-        self, inputs: list[dict], prompts: list, completions: list, completion_ids: list
+        self, inputs: list[dict], prompts: list, completions: list, completion_ids_list: list
     ) -> torch.Tensor:
-        """`(N, F)` float32 rewards of this process's completions, NaN where a function returned `None`.
-
-        A `TypeError` or `ValueError` of the reward pipeline (a reward function's wrong output, a non-finite reward,
-        one that overflows float32, alone or times its weight) is raised on every process together: each process's
-        error (or `None`) is gathered first, so that no process is left waiting in the next gather. The process where
-        it happened raises its own error; the others raise the same type, `"reward function error on process <r>:
-        <message>"`.
-        """
-        error, rewards = None, None
-        try:
+        """`(N, F)` float32 rewards of this process's completions, NaN where a function returned `None`. A reward
+        error (a wrong output, a non-finite reward, one that overflows float32, alone or times its weight) is raised on
+        every process together (see `grpo_rewards.raise_on_every_process`)."""
+        with raise_on_every_process(self.accelerator.num_processes, gather_object):
             rewards = call_reward_funcs(
                 self.reward_funcs,
                 self.reward_func_names,
                 self.reward_processing_classes,
                 prompts,
                 completions,
-                completion_ids,
-                {**reward_columns(inputs), "trainer_state": self.state, **self._reward_hooks.kwargs()},
+                completion_ids_list,
+                {**reward_columns(inputs), "trainer_state": self.state, **self._log_hooks()},
                 self.args.chat_template_kwargs,
                 self.accelerator.device,
                 self._reward_loop,
             )
             weighted_rewards(rewards, self.reward_weights, self.reward_func_names)  # names the overflowing ones
-        except (TypeError, ValueError) as caught:
-            if self.accelerator.num_processes == 1:
-                raise
-            error = caught
-        if self.accelerator.num_processes > 1:
-            kind = "TypeError" if isinstance(error, TypeError) else "ValueError"
-            errors = gather_object([None if error is None else (kind, str(error))])
-            if error is not None:
-                raise error
-            failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
-            if failed:
-                rank, (kind, message) = failed[0]
-                raise (TypeError if kind == "TypeError" else ValueError)(
-                    f"reward function error on process {rank}: {message}"
-                )
         return rewards
 
-    def _get_per_token_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None) -> torch.Tensor:
-        """`(N, L)` float32 log-probs of the last `logits_to_keep` (L) tokens of the `(N, P + L)` `input_ids` under
-        `model` at the sampling temperature, `batch_size` rows per forward (see `grpo_scoring.score_completions`)."""
-        share = self.args.shared_prefix_scoring
-        return score_completions(
-            model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size, share_prefix=share
-        ).per_token_logps
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **multimodal_inputs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """`(per_token_logps, entropies, aux_loss)` of the last `logits_to_keep` (L) tokens of the `(N, P + L)`
+        `input_ids` under `model` at the sampling temperature, `batch_size` rows per forward (see
+        `grpo_scoring.score_completions`): `(N, L)` float32 log-probs, `(N, L)` float32 entropies (with a gradient
+        when the entropy bonus is on) or `None`, and the MoE router loss (scalar) or `None`, as in TRL 1.16.
+
+        Raises:
+            ValueError: for TRL's vision inputs (`pixel_values`, `image_grid_thw`, ...) that are not `None`.
+        """
+        given = sorted(name for name, value in multimodal_inputs.items() if value is not None)
+        if given:
+            raise ValueError(f"Vision inputs {given} are not supported here (no vision models).")
+        scores = score_completions(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            self.temperature,
+            batch_size,
+            compute_entropy=compute_entropy,
+            compute_aux_loss=compute_aux_loss,
+            entropy_grad=compute_entropy and self.entropy_control.enabled,  # only the entropy bonus needs a gradient
+            share_prefix=self.args.shared_prefix_scoring,
+        )
+        return scores.per_token_logps, scores.entropies, scores.aux_loss
 
     def _ref_per_token_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
         if self.ref_model is not None:
-            return self._get_per_token_logps(self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size)
+            model = self.ref_model
+            return self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size
+            )[0]
         peft_model = self.accelerator.unwrap_model(self.model)
         context = use_adapter(peft_model, self.ref_adapter) if self.ref_adapter else peft_model.disable_adapter()
         with context:
-            return self._get_per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, batch_size)
+            model = self.model
+            return self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size
+            )[0]
 
     # ---- loss ----
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """GRPO loss of one micro-batch: `loss_type`'s policy term + beta × k3 KL, normalised as `loss_type` says.
-
-        Raises:
-            ValueError: if `return_outputs` is requested (GRPO has no model outputs to return).
-        """
-        if return_outputs:
-            raise ValueError("GRPOTrainer.compute_loss does not return outputs.")
+    def _compute_loss(self, model, inputs):
+        """GRPO loss of one micro-batch: `loss_type`'s policy term + beta × k3 KL, normalised as `loss_type` says."""
         args, mode = self.args, "train" if self.model.training else "eval"
         metrics = self._metrics[mode]
         completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
-        per_token_logps, entropies, aux_loss = score_completions(
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model,
             input_ids,
             attention_mask,
             mask.size(1),
-            self.temperature,
             compute_entropy=True,
             compute_aux_loss=self.aux_loss_enabled,
-            entropy_grad=self.entropy_control.enabled,  # the entropies need a gradient only for the entropy bonus
-            share_prefix=args.shared_prefix_scoring,
         )
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
         entropy_mask = None  # the top-ρ entropy quantile over all processes' valid tokens
         if args.top_entropy_quantile < 1.0:
-            gather_all = partial(gather_valid_entropies, self.accelerator)
-            entropy_mask = high_entropy_mask(entropies.detach(), mask, args.top_entropy_quantile, gather_all)
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - args.top_entropy_quantile)
+        token_mask = entropy_mask
+        if args.off_policy_mask_threshold is not None:  # completions dropped by off-policy sequence masking
+            advantages = inputs["advantages"]
+            keep = self.get_off_policy_mask(
+                advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask=mask,
+                off_policy_threshold=args.off_policy_mask_threshold,
+            )
+            token_mask = keep if token_mask is None else token_mask * keep
         policy = per_token_policy_loss(
-            per_token_logps, old_per_token_logps, inputs["advantages"], mask, entropy_mask, **self.policy_loss_kwargs
+            per_token_logps,
+            old_per_token_logps,
+            inputs["advantages"],
+            mask,
+            token_mask,
+            **{**self.policy_loss_kwargs, "off_policy_mask_threshold": None},  # applied above, through the method
         )
         per_token_loss = policy.per_token_loss
         if self.beta != 0.0:

@@ -1,0 +1,150 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""What subclasses written for TRL 1.16's `GRPOTrainer` read and override, beyond the steps of the trainer itself:
+`compute_loss` → `_compute_loss`, the entropy and off-policy masks, the reward-logging hooks, the entropy coefficient,
+the config-valued attributes, and a check that no override of a TRL method this trainer never calls is silently
+ignored."""
+
+from functools import partial
+
+import torch
+
+from .grpo_losses import high_entropy_mask, off_policy_sequence_mask
+from .grpo_scoring import gather_valid_entropies
+
+
+# Attributes TRL 1.16's GRPOTrainer copies from its config (`self.<name>`), here read-only views of `self.args` (a
+# value set on the trainer would not reach the loss, so setting one raises instead). Name on the trainer → field.
+CONFIG_ATTRIBUTES = {
+    "chat_template_kwargs": "chat_template_kwargs",
+    "epsilon_low": "epsilon",
+    "epsilon_high": "epsilon_high",
+    "importance_sampling_level": "importance_sampling_level",
+    "log_completions": "log_completions",
+    "log_unique_prompts": "log_unique_prompts",
+    "mask_truncated_completions": "mask_truncated_completions",
+    "min_p": "min_p",
+    "multi_objective_aggregation": "multi_objective_aggregation",
+    "num_completions_to_print": "num_completions_to_print",
+    "off_policy_mask_threshold": "off_policy_mask_threshold",
+    "pad_to_multiple_of": "pad_to_multiple_of",
+    "repetition_penalty": "repetition_penalty",
+    "scale_rewards": "scale_rewards",
+    "shuffle_dataset": "shuffle_dataset",
+    "top_entropy_quantile": "top_entropy_quantile",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "use_vllm": "use_vllm",
+}
+
+# TRL 1.16 GRPOTrainer methods that this trainer does not have or never calls, with what to override instead.
+UNCALLED_TRL_METHODS = {
+    "_get_tool_suffix_ids": "tool calling is not supported here",
+    "_tool_call_loop": "tool calling is not supported here",
+    "get_gamma_weights": "the VESPO weights are `trl.trainer.grpo_losses.vespo_weights`, called inside "
+    "`_compute_loss`: override `_compute_loss`",
+}
+
+
+def _config_attribute(field: str) -> property:
+    def get(self):
+        return getattr(self.args, field)
+
+    def set_(self, value):
+        raise AttributeError(
+            f"`{field}` is read from the trainer's config: set `args.{field}` (GRPOConfig) before building the "
+            "trainer; a value set on the trainer would not reach the loss."
+        )
+
+    return property(get, set_, doc=f"`args.{field}` (read-only; TRL 1.16 keeps a copy on the trainer).")
+
+
+class TRLTrainerSurface:
+    """Mixin of [`GRPOTrainer`]: TRL 1.16's methods and attributes with the same names, arguments and returns, each
+    one called by the trainer's own steps (so a subclass's override takes effect). Needs `self.args`,
+    `self.accelerator`, `self.entropy_control` and `self._reward_hooks`, and `_compute_loss` from the trainer."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """GRPO loss of one micro-batch (see `_compute_loss`).
+
+        Raises:
+            ValueError: if `return_outputs` is requested (GRPO has no model outputs to return).
+        """
+        if return_outputs:
+            raise ValueError(
+                "GRPOTrainer.compute_loss does not support returning outputs: GRPO has no model outputs to return, "
+                "call it with return_outputs=False."
+            )
+        return self._compute_loss(model, inputs)
+
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """`(N, L)` bool mask of the valid tokens whose entropy is at least the `threshold` quantile (in [0, 1]) of
+        the entropies of every process's valid tokens (TRL 1.16's signature: the trainer passes `1 −
+        top_entropy_quantile`); see `grpo_losses.high_entropy_mask` (arXiv 2506.01939)."""
+        gather_all = partial(gather_valid_entropies, self.accelerator)
+        return high_entropy_mask(entropies.detach(), mask, 1.0 - threshold, gather_all)
+
+    @staticmethod
+    def get_off_policy_mask(
+        advantages: torch.Tensor,
+        per_token_logps: torch.Tensor,
+        sampling_per_token_logps: torch.Tensor,
+        mask: torch.Tensor,
+        off_policy_threshold: float,
+    ) -> torch.Tensor:
+        """`(N, 1)` float mask, 0 for the completions that off-policy sequence masking drops (DeepSeek-V3.2,
+        arXiv 2512.02556), with TRL 1.16's signature (`advantages` `(N, 1)` or `(N,)`); see
+        `grpo_losses.off_policy_sequence_mask`."""
+        return off_policy_sequence_mask(
+            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
+
+    def _log_completion_extra(self, column: str, values: list) -> None:
+        """What reward functions call as `log_extra(column, values)`: one value per completion of the call, shown as
+        a column of the completions table."""
+        self._reward_hooks.log_extra(column, values)
+
+    def _log_metric(self, name: str, value: float) -> None:
+        """What reward functions call as `log_metric(name, value)`: a scalar averaged over the batch (all processes)
+        and logged as `name`."""
+        self._reward_hooks.log_metric(name, value)
+
+    def _log_hooks(self) -> dict:
+        return {"log_extra": self._log_completion_extra, "log_metric": self._log_metric}
+
+    # ---- TRL 1.16's attributes for the entropy bonus (the state lives in `self.entropy_control`) ----
+
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy-bonus coefficient now (changed after each optimizer step with `use_adaptive_entropy`)."""
+        return self.entropy_control.coef
+
+    @entropy_coef.setter
+    def entropy_coef(self, value: float) -> None:
+        self.entropy_control.coef = float(value)
+
+    @property
+    def use_adaptive_entropy(self) -> bool:
+        return self.entropy_control.adaptive
+
+
+for _name, _field in CONFIG_ATTRIBUTES.items():
+    setattr(TRLTrainerSurface, _name, _config_attribute(_field))
+
+
+def check_overrides(trainer_class: type, base: type) -> None:
+    """Raise if `trainer_class` (a subclass of `base`, the GRPOTrainer) defines a TRL 1.16 method that `base` never
+    calls, so the override would silently do nothing.
+
+    Raises:
+        TypeError: naming the method, the class and what to override instead.
+    """
+    for klass in trainer_class.__mro__:
+        if klass is base:
+            break
+        for name, instead in UNCALLED_TRL_METHODS.items():
+            if name in vars(klass):
+                raise TypeError(
+                    f"{klass.__name__} overrides `{name}`, a TRL 1.16 GRPOTrainer method that this trainer never "
+                    f"calls, so the override would be silently ignored ({instead}). See the table of overridable "
+                    "methods in docs/source/grpo_trainer.md."
+                )
