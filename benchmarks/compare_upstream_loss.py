@@ -3,8 +3,8 @@
 both importance-sampling levels, the KL correction on and off, `delta`, off-policy masking, top-entropy masking,
 the entropy bonus and the MoE router loss, with and without gradient accumulation.
 
-Each side runs its own trainer's loss method (`GRPOTrainer.compute_loss` here, `GRPOTrainer._compute_loss` in
-TRL 1.16) on a stub `self`, with the model forward replaced by fixed float64 log-probs and entropies (and a stand-in
+Each side runs its own trainer's loss step (`GRPOTrainer._compute_loss`, the same name on both sides) on a stub
+`self`, whose `_get_per_token_logps_and_entropies` returns fixed float64 log-probs and entropies (and a stand-in
 router loss), on one process. Under accumulation our value is divided by the accumulation steps, as transformers'
 `Trainer` does before the backward pass (TRL divides inside its loss). Upstream TRL must live in its own virtual environment (see compare_upstream_trl.py):
 
@@ -183,13 +183,12 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
     }
     if config["beta"] != 0.0:
         inputs["ref_per_token_logps"] = t["ref"]
+    # both trainers' loss step is `_compute_loss(model, inputs)`, calling the same-named methods for log-probs and masks
+    stub._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, aux_loss)
+    stub.get_high_entropy_mask = types.MethodType(trainer_cls.get_high_entropy_mask, stub)
+    stub.get_off_policy_mask = trainer_cls.get_off_policy_mask
     if upstream:
-        stub._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, aux_loss)
-        stub.get_high_entropy_mask = types.MethodType(trainer_cls.get_high_entropy_mask, stub)
-        stub.get_off_policy_mask, stub.get_gamma_weights = (
-            trainer_cls.get_off_policy_mask,
-            trainer_cls.get_gamma_weights,
-        )
+        stub.get_gamma_weights = trainer_cls.get_gamma_weights
         for name in ("top_entropy_quantile", "off_policy_mask_threshold", "importance_sampling_level", "entropy_coef"):
             setattr(stub, name, config[name])
         stub.epsilon_low = config["epsilon"]
@@ -200,16 +199,13 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
         stub._last_world_entropy, stub._entropy_window_stats = float("inf"), None
         loss = trainer_cls._compute_loss(stub, None, inputs)
     else:
-        from trl.trainer import grpo_trainer
         from trl.trainer.entropy_control import EntropyCoefficient
         from trl.trainer.grpo_losses import POLICY_LOSS_FIELDS
-        from trl.trainer.grpo_scoring import Scores
 
-        grpo_trainer.score_completions = lambda *args, **kwargs: Scores(logps, entropies, aux_loss)
         stub.policy_loss_kwargs = {name: config[name] for name in POLICY_LOSS_FIELDS}
         stub.entropy_control = EntropyCoefficient.from_config(stub.args)
         # transformers' Trainer divides our loss by the accumulation steps before the backward pass
-        loss = trainer_cls.compute_loss(stub, None, inputs) / accumulation
+        loss = trainer_cls._compute_loss(stub, None, inputs) / accumulation
     loss.backward()
     return dict(
         loss=loss.item(),

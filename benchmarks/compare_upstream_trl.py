@@ -413,7 +413,7 @@ def _install_part_timers(trainer, parts: _PartClock, impl: str) -> None:
         from trl.trainer import grpo_trainer  # the sampling function the trainer calls
 
         grpo_trainer.sample_completions = parts.wrap("generate", grpo_trainer.sample_completions)
-    logps = "_get_per_token_logps" if impl == "ours" else "_get_per_token_logps_and_entropies"
+    logps = "_get_per_token_logps_and_entropies"  # the same method (name, arguments, returns) on both sides
     setattr(
         trainer, logps, parts.wrap("ref_old_logps", getattr(trainer, logps), when=lambda: not torch.is_grad_enabled())
     )

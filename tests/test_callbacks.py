@@ -416,7 +416,10 @@ def test_log_completions_needs_an_eval_dataset():
 
     from trl import LogCompletionsCallback
 
-    with pytest.raises(ValueError, match="needs a trainer with an evaluation dataset"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Trainer must have an evaluation dataset to use the LogCompletionsCallback: pass `eval_dataset`",
+    ):
         LogCompletionsCallback(SimpleNamespace(eval_dataset=None))
 
 

@@ -1,7 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """trl.data_utils: every function against TRL 1.16's on the same rows and the same tokenizer (a tiny BPE with a
 small ChatML template that renders tools and a `think` switch), outputs and errors; then the corner cases where we
-chose to differ, and the grpo_inputs re-export."""
+chose to differ, and that the trainer uses this definition."""
 
 import json
 import subprocess
@@ -13,7 +13,7 @@ from upstream_venv import upstream_trl_python_or_skip
 import trl
 from trl import data_utils
 from trl.models.tiny import build_tokenizer
-from trl.trainer import grpo_inputs
+from trl.trainer import grpo_inputs, grpo_trainer
 
 
 # ChatML, plus two things TRL's helpers must pass through: `tools` (names listed in a system block) and a template
@@ -386,5 +386,6 @@ def test_convert_to_chatml_in_place():
     assert row == {"messages": [{"role": "user", "content": "hi"}]}
 
 
-def test_grpo_inputs_uses_the_data_utils_definition():
-    assert grpo_inputs.is_conversational is data_utils.is_conversational is trl.is_conversational
+def test_the_trainer_uses_the_data_utils_definition():
+    assert grpo_trainer.is_conversational is data_utils.is_conversational is trl.is_conversational
+    assert not hasattr(grpo_inputs, "is_conversational")  # one definition

@@ -10,11 +10,11 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from trl import GRPOConfig, GRPOTrainer
+from trl.data_utils import is_conversational
 from trl.trainer.grpo_generation import completion_id_lists, pad_completions
 from trl.trainer.grpo_inputs import (
     RepeatSampler,
     derived_seed,
-    is_conversational,
     micro_steps_done,
     reward_columns,
     sampling_rng,

@@ -219,7 +219,10 @@ def test_dispatch_batches_unset_becomes_false_and_workers_are_forced_to_zero(tin
     assert args.accelerator_config.dispatch_batches is None
     with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_inputs"):
         trainer = GRPOTrainer(tiny_lm_path, PromptRecorder(), args=args, train_dataset=stream())
-    assert f"{STREAM_WORKERS_PHRASE} to preserve prompt grouping; overriding the provided value (2)" in caplog.text
+    assert (
+        f"{STREAM_WORKERS_PHRASE}: training reads the stream in the main process, so dataloader_num_workers=2 "
+        in caplog.text
+    )
     assert trainer.args.accelerator_config.dispatch_batches is False
     assert trainer.accelerator.dataloader_config.dispatch_batches is False
     assert (args.dataloader_num_workers, args.dataloader_persistent_workers, args.dataloader_prefetch_factor) == (

@@ -10,6 +10,7 @@ from trl.trainer.grpo_losses import (
     ADVANTAGE_STD_EPS,
     CLIPPED_LOSS_TYPES,
     KL_LOG_RATIO_LINEAR_FROM,
+    LOSS_TYPES,
     aggregate_loss,
     cispo_loss,
     clipped_surrogate,
@@ -532,16 +533,16 @@ def test_high_entropy_mask_by_hand():
     entropies = torch.tensor([[0.1, 0.5, 0.9, 100.0], [0.3, 0.7, 50.0, 50.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     # valid: 0.1 0.3 0.5 0.7 0.9; 0.6-quantile (linear) = 0.5 + 0.4·0.2 = 0.58 → keep 0.9 and 0.7, never padding
-    kept = high_entropy_mask(entropies, mask, top_quantile=0.4)
+    kept = high_entropy_mask(entropies, mask, quantile=1 - 0.4)
     assert torch.equal(kept, torch.tensor([[False, False, True, False], [False, True, False, False]]))
-    assert torch.equal(high_entropy_mask(entropies, mask, 1.0), mask.bool())
-    assert torch.equal(high_entropy_mask(entropies, mask, 0.0), entropies == 0.9)
+    assert torch.equal(high_entropy_mask(entropies, mask, 0.0), mask.bool())
+    assert torch.equal(high_entropy_mask(entropies, mask, 1.0), entropies == 0.9)
     # Other processes' low-entropy tokens lower the threshold: with three 0.0s added, the 0.6-quantile of the 8 values
     # (position 4.2 of 0 0 0 0.1 0.3 0.5 0.7 0.9) is 0.34, so 0.5 is kept too.
     others = lambda x: torch.cat([x, torch.zeros(3)])  # noqa: E731
-    with_others = high_entropy_mask(entropies, mask, 0.4, gather=others)
+    with_others = high_entropy_mask(entropies, mask, 1 - 0.4, gather=others)
     assert torch.equal(with_others, torch.tensor([[False, True, True, False], [False, True, False, False]]))
-    assert not high_entropy_mask(entropies, torch.zeros_like(mask), 0.4).any()
+    assert not high_entropy_mask(entropies, torch.zeros_like(mask), 1 - 0.4).any()
 
 
 # ---------------------------------------------------------------- per_token_policy_loss
@@ -592,8 +593,8 @@ def test_policy_loss_masks():
     old = torch.tensor([[1.0, 1.0], [1.0, 1.0]])  # drift log π_old − log π_θ = 1 for both sequences
     adv = torch.tensor([-1.0, 1.0])
     token_mask = torch.tensor([[True, True], [True, False]])
-    kwargs = dict(loss_type="grpo", off_policy_mask_threshold=0.5)
-    out = per_token_policy_loss(logp, old, adv, torch.ones(2, 2), token_mask, **kwargs)
+    token_mask = token_mask * off_policy_sequence_mask(adv, logp, old, torch.ones(2, 2), threshold=0.5)
+    out = per_token_policy_loss(logp, old, adv, torch.ones(2, 2), token_mask, loss_type="grpo")
     # Sequence 0 (Â < 0, drift 1 > 0.5) is dropped, sequence 1 (Â > 0) kept; the token mask drops token (1, 1).
     # ρ = e^−1 and Â = +1: −min(ρ, clip(ρ, 0.8, 1.2)) = −e^−1.
     r = math.exp(-1.0)
@@ -618,3 +619,18 @@ def test_entropy_without_gradient_keeps_the_log_prob_gradient():
     logps, entropy = selective_log_softmax(logits, index, return_entropy=True, entropy_grad=False)
     assert logps.requires_grad and not entropy.requires_grad
     assert torch.equal(entropy, selective_log_softmax(logits, index, return_entropy=True)[1].detach())
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_per_token_advantages_equal_broadcast_sequence_advantages(loss_type):
+    """A subclass may give `(N, L)` advantages (TRL 1.16 allows it): one value repeated over a row's tokens is the
+    `(N,)` case exactly."""
+    torch.manual_seed(0)
+    logp = -torch.rand(3, 4)
+    old = logp + 0.1 * torch.randn(3, 4)
+    adv = torch.tensor([1.0, -0.5, 0.0])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    kwargs = dict(loss_type=loss_type, epsilon_high=5.0 if loss_type == "cispo" else None)
+    by_sequence = per_token_policy_loss(logp, old, adv, mask, **kwargs)
+    by_token = per_token_policy_loss(logp, old, adv.unsqueeze(1).expand(3, 4), mask, **kwargs)
+    assert torch.equal(by_sequence.per_token_loss, by_token.per_token_loss)

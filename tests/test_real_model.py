@@ -259,7 +259,7 @@ def test_shared_prefix_scoring_equals_the_plain_pass_on_chat_prompts(smollm2_pat
 
 def test_cli_trains_the_converted_folder(smollm2_path, tmp_path):
     """`trl grpo` on the folder `trl convert-gguf --smollm2` writes, with chat prompts from a JSON-lines file."""
-    from trl.scripts.grpo import main as grpo_main
+    from trl.scripts.grpo import run
 
     data = str(tmp_path / "sums.jsonl")
     sum_questions(8).to_json(data)
@@ -269,7 +269,7 @@ def test_cli_trains_the_converted_folder(smollm2_path, tmp_path):
     flags.update(save_strategy="no", disable_tqdm="true", logging_steps=1, output_dir=str(tmp_path / "out"))
     argv = ["--model_name_or_path", smollm2_path, "--dataset_name", data]
     argv += ["--reward_funcs", "conftest:length_reward", "trl.tasks.arithmetic.accuracy_reward"]
-    trainer = grpo_main(argv + [item for key, value in flags.items() for item in (f"--{key}", str(value))])
+    trainer = run(argv + [item for key, value in flags.items() for item in (f"--{key}", str(value))])
     assert trainer.state.global_step == 2 and trainer.sync_callback.num_syncs == 2
     template = trainer.processing_class.chat_template
     assert template == AutoTokenizer.from_pretrained(smollm2_path).chat_template and "<|im_start|>" in template

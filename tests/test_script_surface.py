@@ -6,6 +6,7 @@ and TRL 1.16's own `trl/scripts/grpo.py` file running unchanged on this package.
 import dataclasses
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import textwrap
 
 import pytest
 import torch
-from datasets import Dataset, IterableDataset
+from datasets import Dataset, DatasetDict, IterableDataset
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from upstream_venv import upstream_trl_python_or_skip
@@ -79,6 +80,12 @@ def described(cls) -> dict:
     return out
 
 
+def without_pythonpath() -> dict[str, str]:
+    """The environment for TRL 1.16's venv: with this repository on PYTHONPATH, `import trl` would find ours even
+    under `-P`."""
+    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+
 @pytest.fixture(scope="module")
 def upstream():
     """TRL 1.16's answers to UPSTREAM_PROBE (one subprocess for the whole module)."""
@@ -88,7 +95,7 @@ def upstream():
         capture_output=True,
         text=True,
         cwd=tempfile.gettempdir(),
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**without_pythonpath(), "OMP_NUM_THREADS": "1"},
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -112,7 +119,7 @@ def test_model_config_post_init():
     assert ModelConfig(lora_target_modules=["all-linear"]).lora_target_modules == "all-linear"
     assert ModelConfig(lora_target_modules=["q_proj", "v_proj"]).lora_target_modules == ["q_proj", "v_proj"]
     with pytest.raises(
-        ValueError, match=r"^load_in_8bit and load_in_4bit cannot both be set: choose one precision\.$"
+        ValueError, match=r"^You can't use 8 bit and 4 bit precision at the same time: set only one of load_in_8bit"
     ):
         ModelConfig(load_in_8bit=True, load_in_4bit=True)
 
@@ -141,7 +148,7 @@ def test_use_peft_without_peft_installed_says_what_to_install(monkeypatch):
     with pytest.raises(ValueError) as raised:
         get_peft_config(ModelConfig(use_peft=True))
     assert str(raised.value) == (
-        'use_peft needs the `peft` package, which is not installed: run `pip install peft` (or `pip install "trl[peft]"`).'
+        'You need to have PEFT library installed for use_peft: run `pip install peft` (or `pip install "trl[peft]"`).'
     )
     assert get_peft_config(ModelConfig()) is None  # nothing is checked without use_peft
 
@@ -270,12 +277,13 @@ def test_streamed_mixture(two_files):
 
 def test_mixture_errors(two_files, tmp_path):
     with pytest.raises(
-        ValueError, match=r"^The dataset mixture is empty: list at least one dataset under `datasets:`\.$"
+        ValueError, match=r"^No datasets were loaded from the mixture configuration: list at least one dataset under"
     ):
         get_dataset(DatasetMixtureConfig())
     partial = [DatasetConfig(path=two_files[0], fraction=0.5), DatasetConfig(path=two_files[1])]
     with pytest.raises(
-        ValueError, match=r"^Set `fraction` for every dataset of the mixture or for none \(got \[0\.5, None\]\)\.$"
+        ValueError,
+        match=r"^`fraction` must be set for either all datasets in the mixture or none of them \(got \[0\.5, None\]\)\.$",
     ):
         get_dataset(DatasetMixtureConfig(datasets=partial))
     streamed = [DatasetConfig(path=two_files[0])]
@@ -302,7 +310,9 @@ def test_trl_parser_yaml_env_and_overrides(tmp_path, monkeypatch):
     assert os.environ["TRL_SURFACE_TEST_VAR"] == "7"
     assert TrlParser([Small]).parse_args_and_config(["--config", str(path), "--arg1", "5"]) == (Small(5, "beta"),)
     path.write_text("env: [1]\narg1: 1\n")
-    with pytest.raises(ValueError, match=r"^`env` in the config file must map variable names to values, got \[1\]\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`env` field should be a dict in the YAML file \(variable names to values\), got \[1\]\.$"
+    ):
         TrlParser(Small).parse_args_and_config(["--config", str(path)])
 
 
@@ -310,7 +320,9 @@ def test_trl_parser_unknown_config_keys(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("arg1: 1\nextra: 2\n")
     parser = TrlParser(Small)
-    with pytest.raises(ValueError, match=r"^Unknown keys in the config file: \['extra'\]\.$"):
+    with pytest.raises(
+        ValueError, match=r"^Unknown arguments from config file: \['extra'\]\. No flag has these names"
+    ):
         parser.parse_args_and_config(["--config", str(path)])
     assert TrlParser(Small).parse_args_and_config(["--config", str(path)], fail_with_unknown_args=False) == (Small(1),)
     argv = ["--config", str(path), "--other", "3"]
@@ -375,7 +387,9 @@ def test_reward_model_comes_first_and_no_reward_is_an_error(tmp_path):
 
     args = GRPOScriptArguments(reward_model_name_or_path="some/rm", reward_funcs=["think_format_reward"])
     assert reward_sources(args) == ["some/rm", rewards.think_format_reward]
-    with pytest.raises(ValueError, match=r"^No reward: give --reward_funcs .* and/or --reward_model_name_or_path\.$"):
+    with pytest.raises(
+        ValueError, match=r"^No reward source provided: give --reward_funcs .* and/or --reward_model_name_or_path\.$"
+    ):
         reward_sources(GRPOScriptArguments())
 
 
@@ -416,9 +430,9 @@ def test_cli_streams_the_dataset(tmp_path, tiny_lm_path, data_file, monkeypatch)
 
 
 def test_cli_trains_on_a_streamed_dataset(tmp_path, tiny_lm_path, data_file):
-    from trl.scripts.grpo import main
+    from trl.scripts.grpo import run
 
-    trainer = main(cli_flags(tiny_lm_path, data_file, tmp_path, "--dataset_streaming", "--max_steps", "2"))
+    trainer = run(cli_flags(tiny_lm_path, data_file, tmp_path, "--dataset_streaming", "--max_steps", "2"))
     assert isinstance(trainer.train_dataset, IterableDataset) and trainer.state.global_step == 2
 
 
@@ -448,6 +462,7 @@ def test_trl_1_16_grpo_script_runs_unchanged(tmp_path, tiny_lm_path):
         capture_output=True,
         text=True,
         cwd=tempfile.gettempdir(),
+        env=without_pythonpath(),  # TRL 1.16's file, not ours
     )
     script = found.stdout.strip()
     assert found.returncode == 0 and script.endswith(os.path.join("trl", "scripts", "grpo.py")), found.stderr
@@ -516,3 +531,34 @@ def test_a_trl_style_user_script_runs(tmp_path, tiny_lm_path, monkeypatch):
     assert trainer.model.peft_config["default"].r == 4
     adapter = load_file(str(tmp_path / "out" / "adapter_model.safetensors"))
     assert len(adapter) == 8 and all("lora_" in name for name in adapter)  # 2 layers × 2 modules × (A, B)
+
+
+def test_mixture_takes_a_sliced_split_of_a_saved_folder(tmp_path):
+    """A `save_to_disk` folder with a split such as `train[:2]` (before: "has no split 'train[:2]'")."""
+    one = str(tmp_path / "one")
+    Dataset.from_dict({"prompt": ["p0", "p1", "p2", "p3"]}).save_to_disk(one)
+    two = str(tmp_path / "two")
+    DatasetDict(
+        {
+            "train": Dataset.from_dict({"prompt": ["t0", "t1", "t2", "t3"]}),
+            "test": Dataset.from_dict({"prompt": ["e0"]}),
+        }
+    ).save_to_disk(two)
+    parts = [DatasetConfig(path=one, split="train[:2]"), DatasetConfig(path=two, split="train[75%:]+test")]
+    assert get_dataset(DatasetMixtureConfig(datasets=parts))["train"]["prompt"] == ["p0", "p1", "t3", "e0"]
+    streamed = get_dataset(
+        DatasetMixtureConfig(datasets=[DatasetConfig(path=one, split="train[-1:]")], streaming=True)
+    )
+    assert [row["prompt"] for row in streamed["train"]] == ["p3"]
+    for split, message in [
+        (
+            "validation[:2]",
+            rf"^The dataset '{re.escape(one)}' has no split 'validation'; its splits are \['train'\]\.$",
+        ),
+        (
+            "train[:x]",
+            rf"^The split 'train\[:x\]' of '{re.escape(one)}' is not a valid slice: Unrecognized instruction",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            get_dataset(DatasetMixtureConfig(datasets=[DatasetConfig(path=one, split=split)]))

@@ -12,8 +12,8 @@ from trl import GRPOTrainer, rewards
 from trl.cli import main as cli_main
 from trl.models.tiny import build_tiny_causal_lm
 from trl.models.utils import PathNotFoundError
-from trl.scripts.grpo import main as grpo_main
 from trl.scripts.grpo import resolve_reward_func
+from trl.scripts.grpo import run as grpo_run
 from trl.scripts.utils import load_dataset_from_path, one_line
 from trl.tasks import arithmetic, arithmetic_corpus, make_arithmetic_dataset
 
@@ -64,7 +64,7 @@ def test_dataset_formats_load(tmp_path, fmt):
 def test_cli_flags_train_and_sync(tmp_path, model_dir):
     data = str(tmp_path / "d.jsonl")
     make_arithmetic_dataset(32).to_json(data)
-    trainer = grpo_main(
+    trainer = grpo_run(
         [
             "--model_name_or_path",
             model_dir,
@@ -101,7 +101,7 @@ def test_cli_resumes_from_checkpoint(tmp_path, model_dir, monkeypatch):
     flags = ["--model_name_or_path", model_dir, "--dataset_name", data, "--reward_funcs", "closeness_reward"]
     flags += ["--beta", "0.04", "--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--logging_steps", "1"]
     flags += ["--output_dir", str(tmp_path / "out"), *COMMON, "--save_strategy", "steps", "--save_steps", "1"]
-    grpo_main([*flags, "--max_steps", "1"])
+    grpo_run([*flags, "--max_steps", "1"])
     checkpoint = str(tmp_path / "out" / "checkpoint-1")
     trained_steps = []
     training_step = GRPOTrainer.training_step
@@ -111,7 +111,7 @@ def test_cli_resumes_from_checkpoint(tmp_path, model_dir, monkeypatch):
         return training_step(self, *args, **kwargs)
 
     monkeypatch.setattr(GRPOTrainer, "training_step", counting)
-    resumed = grpo_main([*flags, "--max_steps", "2", "--resume_from_checkpoint", checkpoint])
+    resumed = grpo_run([*flags, "--max_steps", "2", "--resume_from_checkpoint", checkpoint])
     assert resumed.state.global_step == 2 and trained_steps == [1]  # only step 2 is trained again
     assert resumed.sync_callback.num_syncs == 2  # the checkpoint's sync plus one
 
@@ -132,7 +132,7 @@ def test_cli_yaml_config_with_override(tmp_path, model_dir):
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
-    trainer = grpo_main([f"--config={path}", "--max_steps", "1", "--attn_implementation", "eager", *COMMON])
+    trainer = grpo_run([f"--config={path}", "--max_steps", "1", "--attn_implementation", "eager", *COMMON])
     assert trainer.state.global_step == 1  # the flag overrides the file
     assert trainer.args.beta == 0.1 and trainer.args.ref_model_mixup_alpha == 0.5
     assert trainer.model.config._attn_implementation == "eager"
@@ -146,7 +146,7 @@ def test_cli_model_init_kwargs_as_json(tmp_path, model_dir):
     argv = ["--model_name_or_path", model_dir, "--dataset_name", data, "--max_steps", "1"]
     argv += ["--reward_funcs", "closeness_reward"]
     argv += ["--model_init_kwargs", '{"attn_implementation": "eager"}', "--output_dir", str(tmp_path / "out")]
-    trainer = grpo_main(argv + COMMON)
+    trainer = grpo_run(argv + COMMON)
     assert trainer.args.model_init_kwargs["attn_implementation"] == "eager"
     assert trainer.model.config._attn_implementation == "eager"
 
@@ -154,28 +154,31 @@ def test_cli_model_init_kwargs_as_json(tmp_path, model_dir):
 def test_cli_rejects_unknown_yaml_key(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"not_a_field": 1}))
-    with pytest.raises(ValueError, match=r"Unknown keys in the config file: \['not_a_field'\]"):
-        grpo_main(["--config", str(path)])
+    with pytest.raises(
+        ValueError, match=r"^Unknown arguments from config file: \['not_a_field'\]\. No flag has these names"
+    ):
+        grpo_run(["--config", str(path)])
 
 
 def test_cli_config_file_errors(tmp_path):
     """Before: FileNotFoundError with errno text, IndexError for a trailing `--config`, yaml's ScannerError, and
-    "Unknown keys in the config file: [1, 2]" for a YAML list."""
+    "Unknown keys in the config file: [1, 2]" for a YAML list. Now: TRL 1.16's key phrases where it has them."""
     listed, broken = tmp_path / "list.yaml", tmp_path / "broken.yaml"
     listed.write_text("- 1\n- 2\n")
     broken.write_text("beta: [0.1\n")
     with pytest.raises(PathNotFoundError, match=r"^The config file '.*missing\.yaml' does not exist\.$"):
-        grpo_main(["--config", str(tmp_path / "missing.yaml")])
+        grpo_run(["--config", str(tmp_path / "missing.yaml")])
     with pytest.raises(ValueError, match=r"^--config needs the path of a YAML file: `--config FILE\.yaml`\.$"):
-        grpo_main(["--config"])
+        grpo_run(["--config"])
     with pytest.raises(
-        ValueError, match=r"^The config file '.*list\.yaml' must hold a mapping of flag names to values"
+        ValueError,
+        match=r"^Config file '.*list\.yaml' must contain a YAML mapping \(flag names to values\), not a list",
     ):
-        grpo_main(["--config", str(listed)])
+        grpo_run(["--config", str(listed)])
     with pytest.raises(
         ValueError, match=r"^The config file '.*broken\.yaml' is not valid YAML \((Scanner|Parser)Error: "
     ):
-        grpo_main(["--config", str(broken)])
+        grpo_run(["--config", str(broken)])
 
 
 def test_resolve_reward_func(tmp_path):
@@ -190,9 +193,10 @@ def test_resolve_reward_func(tmp_path):
     with pytest.raises(ValueError) as raised:
         resolve_reward_func("nope")
     assert str(raised.value) == (
-        "Unknown reward function 'nope': use one of ['accuracy_reward', 'answer_reward', 'closeness_reward', "
-        "'get_soft_overlong_punishment', 'reasoning_accuracy_reward', 'think_format_reward'], a dotted import path "
-        "'package.module.function' (or 'package.module:function'), or a reward-model folder."
+        "Could not load reward function 'nope': it is not a built-in name (one of ['accuracy_reward', "
+        "'answer_reward', 'closeness_reward', 'get_soft_overlong_punishment', 'reasoning_accuracy_reward', "
+        "'think_format_reward']), a dotted import path 'package.module.function' (or 'package.module:function'), "
+        "or a reward-model folder."
     )
     with pytest.raises(ValueError) as raised:
         resolve_reward_func("no_such_module_xyz.reward")
@@ -308,9 +312,10 @@ def test_cli_config_errors_are_one_line(tmp_path, model_dir, data_path, capsys):
         ),
         (
             ["--reward_funcs", "accuracy_rewards"],
-            "Unknown reward function 'accuracy_rewards': use one of ['accuracy_reward', 'answer_reward', "
-            "'closeness_reward', 'get_soft_overlong_punishment', 'reasoning_accuracy_reward', 'think_format_reward'], "
-            "a dotted import path 'package.module.function' (or 'package.module:function'), or a reward-model folder.",
+            "Could not load reward function 'accuracy_rewards': it is not a built-in name (one of ['accuracy_reward', "
+            "'answer_reward', 'closeness_reward', 'get_soft_overlong_punishment', 'reasoning_accuracy_reward', "
+            "'think_format_reward']), a dotted import path 'package.module.function' (or 'package.module:function'), "
+            "or a reward-model folder.",
         ),
         (["--config", missing + ".yaml"], f"The config file '{missing}.yaml' does not exist."),
         (
@@ -346,13 +351,14 @@ def test_cli_without_reward_or_dataset_is_one_line(tmp_path, model_dir, data_pat
     without_reward = [arg for arg in argv if arg not in ("--reward_funcs", "trl.tasks.arithmetic.accuracy_reward")]
     assert cli_main(without_reward) == 2
     assert capsys.readouterr().err == (
-        "trl grpo: error: No reward: give --reward_funcs (e.g. accuracy_reward, or my_module.my_reward) and/or "
-        "--reward_model_name_or_path.\n"
+        "trl grpo: error: No reward source provided: give --reward_funcs (e.g. accuracy_reward, or "
+        "my_module.my_reward) and/or --reward_model_name_or_path.\n"
     )
     without_data = [arg for arg in argv if arg not in ("--dataset_name", data_path)]
     assert cli_main(without_data) == 2
     assert capsys.readouterr().err == (
-        "trl grpo: error: No dataset: give --dataset_name, or a `datasets:` list in the --config file.\n"
+        "trl grpo: error: Either `datasets` or `dataset_name` must be provided: give --dataset_name, or a "
+        "`datasets:` list in the --config file.\n"
     )
 
 
@@ -437,3 +443,77 @@ def test_errors_during_training_keep_their_traceback(tmp_path, model_dir, data_p
     )
     with pytest.raises(ValueError, match=r"^Reward function 'inf_reward' returned inf for completion 0: it must"):
         cli_main(argv)
+
+
+# ------------------------------------------------------------------ TRL 1.16's make_parser and main signatures
+
+
+def test_make_parser_takes_trl_arguments():
+    """`make_parser(subparsers=None, prog=None)`: stand-alone, or the `grpo` subcommand of a TrlParser."""
+    import argparse
+
+    from trl import TrlParser
+    from trl.scripts.grpo import DATACLASS_TYPES, make_parser
+
+    assert make_parser().prog == "trl grpo" and make_parser(prog="grpo.py").prog == "grpo.py"
+    parent = TrlParser(prog="trl")
+    subparsers = parent.add_subparsers(dest="command")
+    grpo = make_parser(subparsers)
+    assert isinstance(grpo, TrlParser) and subparsers.choices["grpo"] is grpo and grpo.prog == "trl grpo"
+    assert grpo.dataclass_types == list(DATACLASS_TYPES)
+    parsed = grpo.parse_args_and_config(["--output_dir", "o", "--use_cpu", "--bf16", "false", "--lora_r", "4"])
+    assert [type(p) for p in parsed] == list(DATACLASS_TYPES) and parsed[2].lora_r == 4
+    plain = argparse.ArgumentParser().add_subparsers()
+    with pytest.raises(TypeError, match=r"^make_parser\(subparsers\) needs subparsers that make TrlParser parsers"):
+        make_parser(plain)
+    grpo = make_parser(argparse.ArgumentParser(prog="x").add_subparsers(parser_class=TrlParser))
+    assert grpo.prog == "x grpo"
+
+
+def test_main_takes_the_parsed_dataclasses(tmp_path, model_dir, data_path):
+    """TRL 1.16's `main(script_args, training_args, model_args, dataset_args)`: train, save, end."""
+    from trl.scripts.grpo import main, make_parser
+
+    parsed = make_parser().parse_args_and_config(cli_argv(model_dir, data_path, tmp_path, "--max_steps", "1")[1:])
+    trainer = main(*parsed)
+    assert trainer.state.global_step == 1
+    assert os.path.isfile(os.path.join(trainer.args.output_dir, "model.safetensors"))
+
+
+def test_script_file_runs_as_main(tmp_path, model_dir, data_path):
+    """`python trl/scripts/grpo.py ...` (what `accelerate launch trl/scripts/grpo.py ...` runs) is `trl grpo`."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "trl", "scripts", "grpo.py")
+    done = subprocess.run(
+        [sys.executable, script, *cli_argv(model_dir, data_path, tmp_path, "--beta", "-1")[1:]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"},
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "trl grpo: error: Invalid GRPOConfig: beta must be >= 0 (got -1.0)."
+
+
+def launcher_error(key):
+    return (
+        f"trl grpo: error: `{key}` is an `accelerate launch` option, which `trl grpo` does not pass on (TRL 1.16 "
+        "does): run `accelerate launch --config_file ACCELERATE.yaml [--num_processes N ...] trl/scripts/grpo.py "
+        f"[the other flags and --config]` instead, without `{key}` in the flags or the config file."
+    )
+
+
+def test_accelerate_launch_options_are_one_line_errors(tmp_path, model_dir, data_path, capsys):
+    """TRL 1.16's `trl grpo` passes them on to `accelerate launch`; this one names them and says what to run."""
+    argv = cli_argv(model_dir, data_path, tmp_path)
+    for extra, key in [(["--num_processes", "2"], "num_processes"), (["--config-file=a.yaml"], "config-file")]:
+        assert cli_main([*argv, *extra]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == launcher_error(key)
+    path = tmp_path / "launch.yaml"
+    path.write_text(yaml.safe_dump({"accelerate_config": "zero2", "beta": 0.1}))
+    assert cli_main([*argv, "--config", str(path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == launcher_error("accelerate_config")
+    # Not an accelerate option: HfArgumentParser's error, as before.
+    assert cli_main([*argv, "--not_a_flag", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "trl grpo: error: Some specified arguments are not used by the HfArgumentParser: ['--not_a_flag', '1']"
+    )

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.trl_compat import CONFIG_ATTRIBUTES, UNCALLED_TRL_METHODS
+from trl.trainer.trl_compat import CONFIG_ATTRIBUTES, DERIVED_ATTRIBUTES, UNCALLED_TRL_METHODS
 
 
 def first_token_reward(completion_ids, **kwargs):
@@ -151,7 +151,7 @@ class NoEntropyTokensTrainer(GRPOTrainer):
         return torch.zeros_like(mask, dtype=torch.bool)
 
 
-class KeepAllTrainer(GRPOTrainer):
+class DropAllTrainer(GRPOTrainer):
     @staticmethod
     def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
         return torch.zeros_like(advantages, dtype=per_token_logps.dtype)
@@ -159,7 +159,7 @@ class KeepAllTrainer(GRPOTrainer):
 
 @pytest.mark.parametrize(
     "trainer_class, setting",
-    [(NoEntropyTokensTrainer, "top_entropy_quantile"), (KeepAllTrainer, "off_policy_mask_threshold")],
+    [(NoEntropyTokensTrainer, "top_entropy_quantile"), (DropAllTrainer, "off_policy_mask_threshold")],
 )
 def test_mask_overrides_reach_the_loss(tiny_lm_path, arithmetic_dataset, grpo_kwargs, trainer_class, setting):
     """A mask that drops every token leaves no policy loss: with beta = 0 the loss and every gradient are 0."""
@@ -195,9 +195,16 @@ def test_config_attributes_and_entropy_coefficient(tiny_lm_path, arithmetic_data
     trainer = GRPOTrainer(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
     assert (trainer.epsilon_low, trainer.epsilon_high, trainer.top_k) == (0.3, 0.4, 7)
     for name, field in CONFIG_ATTRIBUTES.items():
-        assert getattr(trainer, name) == getattr(args, field)
+        if name not in DERIVED_ATTRIBUTES:
+            assert getattr(trainer, name) == getattr(args, field)
     with pytest.raises(AttributeError, match=re.escape("set `args.epsilon` (GRPOConfig)")):
         trainer.epsilon_low = 0.1
+    # the two TRL derives: epsilon_high falls back to epsilon, chat_template_kwargs to {}
+    defaults = GRPOTrainer(
+        tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset
+    )
+    assert defaults.args.epsilon_high is None and defaults.args.chat_template_kwargs is None
+    assert defaults.epsilon_high == defaults.epsilon_low == 0.2 and defaults.chat_template_kwargs == {}
     assert trainer.entropy_coef == 0.01 and trainer.use_adaptive_entropy is False
     trainer.entropy_coef = 0.02  # as a subclass scheduling it would: the loss uses the new value
     assert trainer.entropy_control.applied() == 0.02
@@ -210,3 +217,31 @@ def test_override_of_an_uncalled_trl_method_is_an_error(tiny_lm_path, arithmetic
     for cls in (subclass, grandchild):
         with pytest.raises(TypeError, match=f"MyTrainer overrides `{method}`.*silently ignored"):
             cls(tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
+
+
+def test_a_subclass_loss_gets_entropies_with_a_gradient(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """TRL's entropies carry a gradient; ours skip it when only our own loss uses them and the bonus is off."""
+
+    class EntropyOnlyLoss(GRPOTrainer):
+        def _compute_loss(self, model, inputs):
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+            mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+            _, entropies, _ = self._get_per_token_logps_and_entropies(
+                model, ids, mask, inputs["completion_ids"].size(1), compute_entropy=True
+            )
+            return -entropies.mean()
+
+    args = GRPOConfig(**{**grpo_kwargs, "beta": 0.0})
+    for trainer_class, expect_grad in ((EntropyOnlyLoss, True), (GRPOTrainer, False)):
+        trainer = trainer_class(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
+        trainer.model.train()
+        batch = trainer._generate_and_score_completions([arithmetic_dataset[i // 4] for i in range(8)])
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+        _, entropies, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 4, compute_entropy=True)
+        assert entropies.requires_grad is expect_grad
+    trainer = EntropyOnlyLoss(tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([arithmetic_dataset[i // 4] for i in range(8)])
+    trainer.compute_loss(trainer.model, batch).backward()
+    assert max(p.grad.abs().max().item() for p in trainer.model.parameters() if p.grad is not None) > 0

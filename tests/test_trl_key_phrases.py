@@ -8,6 +8,7 @@ phrase, and `test_key_phrases_are_trl_1_16s` triggers the same conditions in TRL
 searches TRL's messages for the same phrases, so the list cannot drift from TRL.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -64,6 +65,28 @@ KEY_PHRASES = {
     "compute_loss_return_outputs": r"does not support returning outputs",
     "unknown_importance_sampling_level": r"Unknown importance sampling level: bogus",
     "unknown_loss_type": r"Unknown loss type: bogus",
+    # GRPOTrainer with an IterableDataset
+    "iterable_dataset_workers": r"Iterable datasets require `dataloader_num_workers=0`",
+    # ModelConfig, get_peft_config
+    "model_config_8_and_4_bit": r"You can't use 8 bit and 4 bit precision at the same time",
+    "peft_not_installed": r"You need to have PEFT library installed",
+    # TrlParser
+    "config_file_unknown_arguments": r"Unknown arguments from config file",
+    "config_file_not_a_mapping": r"must contain a YAML mapping",
+    "config_file_env_not_a_dict": r"`env` field should be a dict in the YAML file",
+    "dataclass_field_named_config": r"has a field named 'config'",
+    # get_dataset
+    "mixture_without_datasets": r"No datasets were loaded from the mixture configuration",
+    "mixture_partial_fractions": r"`fraction` must be set for either all datasets in the mixture or none of them",
+    "mixture_fraction_with_streaming": r"Using a dataset `fraction` is not supported with streaming datasets",
+    # the `trl grpo` script
+    "script_unknown_reward_function": r"Could not load reward function 'nope'",
+    "script_datasets_and_dataset_name": r"Both `datasets` and `dataset_name` are provided",
+    "script_no_dataset": r"Either `datasets` or `dataset_name` must be provided",
+    # callbacks
+    "log_completions_without_eval_dataset": r"Trainer must have an evaluation dataset to use the "
+    r"LogCompletionsCallback",
+    "rich_not_installed": r"RichProgressCallback requires the `rich` extra",
 }
 
 
@@ -249,6 +272,112 @@ def test_compute_loss_return_outputs_carries_trl_phrase(tiny_lm_path, base, prom
         trainer.compute_loss(trainer.model, {}, return_outputs=True)
 
 
+def test_iterable_dataset_workers_warning_carries_trl_phrase(tiny_lm_path, base, prompts, caplog):
+    args = GRPOConfig(**base, dataloader_num_workers=2)
+    with caplog.at_level(logging.WARNING, logger="trl"):
+        GRPOTrainer(tiny_lm_path, zero_reward, args=args, train_dataset=prompts.to_iterable_dataset())
+    warnings = [w for w in trl_warnings(caplog) if re.search(phrase("iterable_dataset_workers"), w)]
+    assert len(warnings) == 1 and "dataloader_num_workers=2 becomes 0" in warnings[0], trl_warnings(caplog)
+
+
+# ---------------------------------------------------------------- the script surface
+
+
+def test_model_config_and_peft_errors_carry_trl_phrase(monkeypatch):
+    import importlib.util
+
+    from trl import ModelConfig, get_peft_config
+
+    with pytest.raises(ValueError, match=phrase("model_config_8_and_4_bit")):
+        ModelConfig(load_in_8bit=True, load_in_4bit=True)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a))
+    with pytest.raises(ValueError, match=phrase("peft_not_installed")):
+        get_peft_config(ModelConfig(use_peft=True))
+
+
+@dataclasses.dataclass
+class OneField:
+    value: int = 0
+
+
+@dataclasses.dataclass
+class FieldNamedConfig:
+    config: str = ""
+
+
+# What each TrlParser case writes in its config file (the same files for TRL 1.16 in UPSTREAM_SCRIPT).
+PARSER_FILES = {
+    "config_file_unknown_arguments": "value: 1\nextra: 2\n",
+    "config_file_not_a_mapping": "- 1\n- 2\n",
+    "config_file_env_not_a_dict": "env: [1]\nvalue: 1\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(PARSER_FILES))
+def test_trl_parser_errors_carry_trl_phrase(tmp_path, case):
+    from trl import TrlParser
+
+    path = tmp_path / "config.yaml"
+    path.write_text(PARSER_FILES[case])
+    with pytest.raises(ValueError, match=phrase(case)):
+        TrlParser(OneField).parse_args_and_config(["--config", str(path)])
+
+
+def test_trl_parser_reserved_field_carries_trl_phrase():
+    from trl import TrlParser
+
+    with pytest.raises(ValueError, match=phrase("dataclass_field_named_config")):
+        TrlParser(FieldNamedConfig)
+
+
+def test_mixture_errors_carry_trl_phrase(tmp_path):
+    from trl import DatasetMixtureConfig, get_dataset
+    from trl.scripts.utils import DatasetConfig
+
+    data = str(tmp_path / "rows.jsonl")
+    Dataset.from_dict({"prompt": ["a", "b"]}).to_json(data)
+    with pytest.raises(ValueError, match=phrase("mixture_without_datasets")):
+        get_dataset(DatasetMixtureConfig())
+    partial = [DatasetConfig(path="json", data_files=data, fraction=0.5), DatasetConfig(path="json", data_files=data)]
+    with pytest.raises(ValueError, match=phrase("mixture_partial_fractions")):
+        get_dataset(DatasetMixtureConfig(datasets=partial))
+    both = [DatasetConfig(path="json", data_files=data, fraction=0.5) for _ in range(2)]
+    with pytest.raises(ValueError, match=phrase("mixture_fraction_with_streaming")):
+        get_dataset(DatasetMixtureConfig(datasets=both, streaming=True))
+
+
+def test_grpo_script_errors_and_warnings_carry_trl_phrase(tmp_path, caplog):
+    from trl import DatasetMixtureConfig
+    from trl.scripts.grpo import GRPOScriptArguments, load_script_dataset, resolve_reward_func
+    from trl.scripts.utils import DatasetConfig
+
+    with pytest.raises(ValueError, match=phrase("script_unknown_reward_function")):
+        resolve_reward_func("nope")
+    with pytest.raises(ValueError, match=phrase("script_no_dataset")):
+        load_script_dataset(GRPOScriptArguments(), DatasetMixtureConfig())
+    data = str(tmp_path / "rows.jsonl")
+    Dataset.from_dict({"prompt": ["a", "b"]}).to_json(data)
+    mixture = DatasetMixtureConfig(datasets=[DatasetConfig(path="json", data_files=data)])
+    with caplog.at_level(logging.WARNING, logger="trl"):
+        load_script_dataset(GRPOScriptArguments(dataset_name="ignored"), mixture)
+    warnings = trl_warnings(caplog)  # TRL: logger.warning too (accelerate's logger)
+    assert len(warnings) == 1 and re.search(phrase("script_datasets_and_dataset_name"), warnings[0]), warnings
+
+
+def test_callback_errors_carry_trl_phrase(monkeypatch):
+    from types import SimpleNamespace
+
+    from trl import LogCompletionsCallback, RichProgressCallback
+    from trl.trainer import callbacks
+
+    with pytest.raises(ValueError, match=phrase("log_completions_without_eval_dataset")):
+        LogCompletionsCallback(SimpleNamespace(eval_dataset=None))
+    monkeypatch.setattr(callbacks, "is_rich_available", lambda: False)
+    with pytest.raises(ImportError, match=phrase("rich_not_installed")):
+        RichProgressCallback()
+
+
 # ---------------------------------------------------------------- the phrases are TRL 1.16's
 
 
@@ -344,6 +473,63 @@ run("compute_loss_return_outputs", lambda: t.compute_loss(t.model, inputs, retur
 loss = lambda: t.compute_loss(t.model, inputs)
 run("unknown_importance_sampling_level", lambda: with_attribute("importance_sampling_level", "bogus", loss))
 run("unknown_loss_type", lambda: with_attribute("loss_type", "bogus", loss))
+stream = prompts.to_iterable_dataset()
+run("iterable_dataset_workers", lambda: trainer(args=config(dataloader_num_workers=2), train_dataset=stream))
+
+import dataclasses, os, types
+import trl.trainer.callbacks, trl.trainer.utils
+from trl import DatasetMixtureConfig, LogCompletionsCallback, ModelConfig, RichProgressCallback, TrlParser
+from trl import get_dataset, get_peft_config
+from trl.scripts.grpo import GRPOScriptArguments, main as grpo_main
+from trl.scripts.utils import DatasetConfig
+
+run("model_config_8_and_4_bit", lambda: ModelConfig(load_in_8bit=True, load_in_4bit=True))
+trl.trainer.utils.is_peft_available = lambda: False
+run("peft_not_installed", lambda: get_peft_config(ModelConfig(use_peft=True)))
+
+@dataclasses.dataclass
+class OneField:
+    value: int = 0
+
+@dataclasses.dataclass
+class FieldNamedConfig:
+    config: str = ""
+
+def parse_file(text):
+    config_path = os.path.join(output_dir, "config.yaml")
+    os.makedirs(output_dir, exist_ok=True)
+    with open(config_path, "w") as f:
+        f.write(text)
+    return TrlParser(OneField).parse_args_and_config(["--config", config_path])
+
+for case, text in json.loads(sys.argv[3]).items():
+    run(case, lambda: parse_file(text))
+run("dataclass_field_named_config", lambda: TrlParser(FieldNamedConfig))
+
+data = os.path.join(output_dir, "rows.jsonl")
+prompts.to_json(data)
+run("mixture_without_datasets", lambda: get_dataset(DatasetMixtureConfig()))
+partial = [DatasetConfig(path="json", data_files=data, fraction=0.5), DatasetConfig(path="json", data_files=data)]
+run("mixture_partial_fractions", lambda: get_dataset(DatasetMixtureConfig(datasets=partial)))
+both = [DatasetConfig(path="json", data_files=data, fraction=0.5) for _ in range(2)]
+run("mixture_fraction_with_streaming", lambda: get_dataset(DatasetMixtureConfig(datasets=both, streaming=True)))
+
+model_args = ModelConfig(model_name_or_path=os.path.join(output_dir, "no-such-model"))
+mixture = DatasetMixtureConfig(datasets=[DatasetConfig(path="json", data_files=data)])
+def script(reward_funcs=("think_format_reward",), dataset_name=None, dataset_args=DatasetMixtureConfig()):
+    script_args = GRPOScriptArguments(reward_funcs=list(reward_funcs), dataset_name=dataset_name)
+    grpo_main(script_args, config(), model_args, dataset_args)
+run("script_unknown_reward_function", lambda: script(reward_funcs=["nope"]))
+run("script_no_dataset", lambda: script())
+def both_datasets():  # the warning, then a failure to load the missing model
+    try:
+        script(dataset_name="ignored", dataset_args=mixture)
+    except Exception:
+        pass
+run("script_datasets_and_dataset_name", both_datasets)
+run("log_completions_without_eval_dataset", lambda: LogCompletionsCallback(types.SimpleNamespace(eval_dataset=None)))
+trl.trainer.callbacks.is_rich_available = lambda: False
+run("rich_not_installed", RichProgressCallback)
 print(json.dumps(out))
 """
 
@@ -355,17 +541,25 @@ TRL_WARNINGS = {
     "vespo_sequence_level",
     "sequence_level_token_sum_loss",
     "all_rewards_none",
+    "iterable_dataset_workers",
+    "script_datasets_and_dataset_name",
 }
 TRL_KINDS = {case: "warning" if case in TRL_WARNINGS else "ValueError" for case in KEY_PHRASES}
 TRL_KINDS["use_transformers_paged"] = "FutureWarning"
+TRL_KINDS["rich_not_installed"] = "ImportError"
+
+
+def without_pythonpath() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
 
 
 def test_key_phrases_are_trl_1_16s(tiny_lm_path, tmp_path):
     python = upstream_trl_python_or_skip()
     done = subprocess.run(
-        [python, "-P", "-c", UPSTREAM_SCRIPT, tiny_lm_path, str(tmp_path / "out")],
+        [python, "-P", "-c", UPSTREAM_SCRIPT, tiny_lm_path, str(tmp_path / "out"), json.dumps(PARSER_FILES)],
         cwd=tempfile.gettempdir(),  # not this repository: `import trl` must find TRL 1.16
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
+        # Without PYTHONPATH: with this repository on it, `import trl` would find ours even under `-P`.
+        env={**without_pythonpath(), "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
         capture_output=True,
         text=True,
         timeout=240,

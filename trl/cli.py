@@ -5,6 +5,11 @@ A configuration error of `trl grpo` (raised while parsing the flags, loading the
 prints one line, `trl grpo: error: <message>`, to stderr and exits with status 2, as argparse does for a bad flag.
 `--traceback` (before or after the command) or `TRL_TRACEBACK=1` shows the full traceback instead. Errors raised
 during training are never shortened.
+
+TRL 1.16's `trl grpo` re-launches itself through `accelerate launch`, passing on the flags and config keys that
+its dataclasses do not take (`num_processes`, `config_file`, TRL's `accelerate_config`, ...). This one trains in
+its own process: such a key is a one-line error that names it and says to run
+`accelerate launch --config_file ACCELERATE.yaml trl/scripts/grpo.py ...` instead.
 """
 
 import argparse
@@ -85,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"trl grpo: error: {one_line(error)}", file=sys.stderr)
         return 2
-    train(trainer)
-    trainer.end()  # finish the trackers and the process group, as TRL's script does
+    train(trainer)  # then saves, and finishes the trackers and the process group, as TRL's script does
     return 0
 
 

@@ -7,10 +7,12 @@ Example:
         --reward_funcs trl.tasks.arithmetic.accuracy_reward \
         --sync_ref_model --ref_model_sync_steps 25 --ref_model_mixup_alpha 0.6 --output_dir out
 
-`main` raises every error (for use from Python); the `trl grpo` command (`trl.cli`) turns a configuration error
-raised by `build_trainer` into one `trl grpo: error: ...` line.
+`main(script_args, training_args, model_args, dataset_args)` is TRL 1.16's entry point (parsed dataclasses in,
+trains); `run(argv)` parses and calls it. Both raise every error (for use from Python); the `trl grpo` command
+(`trl.cli`) turns a configuration error raised by `build_trainer` into one `trl grpo: error: ...` line.
 """
 
+import argparse
 import importlib
 import json
 import logging
@@ -26,6 +28,7 @@ from trl.scripts.utils import (
     dataset_split,
     get_dataset,
     load_dataset_from_path,
+    read_yaml_config,
 )
 from trl.tasks import arithmetic
 from trl.trainer import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
@@ -110,8 +113,8 @@ def resolve_reward_func(name: str):
     if "." in name.strip("."):
         return _import_reward(name, *name.rsplit(".", 1))
     raise ValueError(
-        f"Unknown reward function {name!r}: use one of {sorted(BUILTIN_REWARDS)}, a dotted import path "
-        "'package.module.function' (or 'package.module:function'), or a reward-model folder."
+        f"Could not load reward function {name!r}: it is not a built-in name (one of {sorted(BUILTIN_REWARDS)}), "
+        "a dotted import path 'package.module.function' (or 'package.module:function'), or a reward-model folder."
     )
 
 
@@ -125,7 +128,7 @@ def reward_sources(script_args: GRPOScriptArguments) -> list:
     sources += [resolve_reward_func(name) for name in script_args.reward_funcs or []]
     if not sources:
         raise ValueError(
-            "No reward: give --reward_funcs (e.g. accuracy_reward, or my_module.my_reward) and/or "
+            "No reward source provided: give --reward_funcs (e.g. accuracy_reward, or my_module.my_reward) and/or "
             "--reward_model_name_or_path."
         )
     return sources
@@ -164,40 +167,132 @@ def load_script_dataset(script_args: GRPOScriptArguments, dataset_args: DatasetM
     """
     if dataset_args.datasets:
         if script_args.dataset_name:
-            logger.warning("Both a `datasets:` mixture and --dataset_name are given: training on the mixture.")
+            logger.warning(
+                "Both `datasets` and `dataset_name` are provided: training on the `datasets:` mixture of the config "
+                "file; --dataset_name is ignored."
+            )
         return get_dataset(dataset_args), "the dataset mixture"
     if not script_args.dataset_name:
-        raise ValueError("No dataset: give --dataset_name, or a `datasets:` list in the --config file.")
+        raise ValueError(
+            "Either `datasets` or `dataset_name` must be provided: give --dataset_name, or a `datasets:` list in the "
+            "--config file."
+        )
     name = script_args.dataset_name
     return load_dataset_from_path(name, script_args.dataset_config, streaming=script_args.dataset_streaming), name
 
 
-def make_parser() -> TrlParser:
-    return TrlParser(
-        (GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig),
-        prog="trl grpo",
-        description="Train with (iterative) GRPO. `--config FILE.yaml` reads any of the flags below from a YAML file "
-        "(and a `datasets:` mixture, and `env:` variables); flags given on the command line override it.",
-        epilog=TRACEBACK_HELP,
-    )
-
-
+DATACLASS_TYPES = (GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)
+DESCRIPTION = (
+    "Train with (iterative) GRPO. `--config FILE.yaml` reads any of the flags below from a YAML file (and a "
+    "`datasets:` mixture, and `env:` variables); flags given on the command line override it."
+)
 TRACEBACK_HELP = (
     "A configuration error (a flag value GRPOConfig rejects, a missing model, dataset or config file, an unknown "
     "reward function) prints one line `trl grpo: error: <message>` to stderr and exits with status 2; add "
     "--traceback anywhere on the command line, or set TRL_TRACEBACK=1, to see its full traceback. Errors raised "
-    "during training always show their traceback."
+    "during training always show their traceback. `accelerate launch` options (num_processes, config_file, ...) "
+    "are not taken here: run `accelerate launch [its options] trl/scripts/grpo.py [these flags]`."
 )
 
 
-def build_trainer(argv: list[str] | None = None) -> GRPOTrainer:
-    """Parse `argv` (default `sys.argv[1:]`), load the dataset and build the trainer, without training. The eval
-    dataset (`--dataset_test_split`) is read only when `--eval_strategy` is not `"no"`, as in TRL.
+def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None) -> TrlParser:
+    """The `TrlParser` of the GRPO script (TRL 1.16's signature): its four dataclasses are
+    `(GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)`.
+
+    Args:
+        subparsers (`argparse._SubParsersAction`, *optional*):
+            Add the parser to these as the subcommand `"grpo"` (and return it), as TRL does. They must make
+            `TrlParser`s: `TrlParser(...).add_subparsers()`, or `add_subparsers(parser_class=TrlParser)` on a plain
+            `argparse.ArgumentParser`.
+        prog (`str`, *optional*, defaults to `"trl grpo"`):
+            The program name of a stand-alone parser (a subcommand's is `"<parent prog> grpo"`).
+
+    Raises:
+        TypeError: if `subparsers` make parsers of another class (they could not take the dataclasses).
+    """
+    options = dict(dataclass_types=DATACLASS_TYPES, description=DESCRIPTION, epilog=TRACEBACK_HELP)
+    if subparsers is None:
+        return TrlParser(prog=prog or "trl grpo", **options)
+    parser_class = getattr(subparsers, "_parser_class", None)
+    if not (isinstance(parser_class, type) and issubclass(parser_class, TrlParser)):
+        name = getattr(parser_class, "__name__", repr(parser_class))
+        raise TypeError(
+            f"make_parser(subparsers) needs subparsers that make TrlParser parsers, not {name}: create them with "
+            "`TrlParser().add_subparsers()` or `parser.add_subparsers(parser_class=TrlParser)`."
+        )
+    return subparsers.add_parser("grpo", help="Run the GRPO training script", **options)
+
+
+# TRL 1.16's `trl grpo` hands the flags and config keys its dataclasses do not take to `accelerate launch`
+# (`accelerate_config` becoming `--config_file`); this command trains in its own process instead.
+TRL_LAUNCHER_KEYS = ("accelerate_config",)
+
+
+def launcher_options() -> set[str]:
+    """The option names (without dashes, `-` spelled `_`) of `accelerate launch`, plus TRL's `accelerate_config`."""
+    from accelerate.commands.launch import launch_command_parser
+
+    names = {
+        option.lstrip("-").replace("-", "_")
+        for action in launch_command_parser()._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
+    return names | set(TRL_LAUNCHER_KEYS)
+
+
+def refuse_launcher_options(parser: TrlParser, argv: list[str]) -> None:
+    """Refuse, before anything is parsed, an `accelerate launch` option among `argv`'s flags and the keys of its
+    `--config` file that `parser` does not take itself: what TRL 1.16's `trl grpo` would pass on to the launcher.
+
+    Raises:
+        ValueError: naming the option, and saying to run `accelerate launch ... trl/scripts/grpo.py ...` instead.
+    """
+    keys, config_path = [], None
+    for position, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            config_path = arg.split("=", 1)[1]
+        elif arg == "--config" and position + 1 < len(argv):
+            config_path = argv[position + 1]
+        elif arg.startswith("--"):
+            keys.append(arg[2:].split("=", 1)[0])
+    if config_path is not None and os.path.isfile(config_path):
+        keys += [str(key) for key in read_yaml_config(config_path)]  # the parser reports what is wrong with it
+    taken = {action.dest for action in parser._actions} | {"config", "env"}
+    foreign = [key for key in keys if key.replace("-", "_") not in taken]
+    if not foreign:
+        return
+    launcher = launcher_options()
+    given = next((key for key in foreign if key.replace("-", "_") in launcher), None)
+    if given is not None:
+        raise ValueError(
+            f"`{given}` is an `accelerate launch` option, which `trl grpo` does not pass on (TRL 1.16 does): run "
+            "`accelerate launch --config_file ACCELERATE.yaml [--num_processes N ...] trl/scripts/grpo.py "
+            f"[the other flags and --config]` instead, without `{given}` in the flags or the config file."
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> tuple:
+    """`(script_args, training_args, model_args, dataset_args)` from `argv` (default `sys.argv[1:]`) and its
+    `--config` file.
+
+    Raises:
+        ValueError: for an `accelerate launch` option (see `refuse_launcher_options`), an unknown flag or config
+            key, or a value a dataclass rejects.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = make_parser()
+    refuse_launcher_options(parser, argv)
+    return parser.parse_args_and_config(argv)
+
+
+def trainer_from_args(script_args, training_args, model_args, dataset_args) -> GRPOTrainer:
+    """Load the dataset and build the trainer from the parsed dataclasses, without training. The eval dataset
+    (`--dataset_test_split`) is read only when `--eval_strategy` is not `"no"`, as in TRL.
 
     Raises:
         ValueError, FileNotFoundError: for a configuration error (what `trl grpo` prints as one line).
     """
-    script_args, training_args, model_args, dataset_args = make_parser().parse_args_and_config(argv)
     reward_funcs = reward_sources(script_args)  # before the slow loading
     training_args.model_init_kwargs = merged_model_init_kwargs(model_args, training_args.model_init_kwargs)
     dataset, name = load_script_dataset(script_args, dataset_args)
@@ -213,20 +308,36 @@ def build_trainer(argv: list[str] | None = None) -> GRPOTrainer:
     )
 
 
+def build_trainer(argv: list[str] | None = None) -> GRPOTrainer:
+    """Parse `argv` (default `sys.argv[1:]`) and build the trainer (`trainer_from_args`), without training.
+
+    Raises:
+        ValueError, FileNotFoundError: for a configuration error (what `trl grpo` prints as one line).
+    """
+    return trainer_from_args(*parse_args(argv))
+
+
 def train(trainer: GRPOTrainer) -> GRPOTrainer:
-    """Train (from the checkpoint folder `--resume_from_checkpoint` names, as TRL's script does), then save the model
-    to `output_dir`."""
+    """Train (from the checkpoint folder `--resume_from_checkpoint` names, as TRL's script does), save the model to
+    `output_dir`, then finish the trackers and the process group (`trainer.end()`), as TRL's script does."""
     trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
     trainer.save_model(trainer.args.output_dir)
+    trainer.end()
     return trainer
 
 
-def main(argv: list[str] | None = None) -> GRPOTrainer:
-    """`trl grpo` as a function: build the trainer from `argv`, train, save; every error is raised."""
-    return train(build_trainer(argv))
+def main(script_args, training_args, model_args, dataset_args) -> GRPOTrainer:
+    """TRL 1.16's entry point: build the trainer from the parsed dataclasses (what `make_parser()` returns), train,
+    save; every error is raised. Returns the trainer."""
+    return train(trainer_from_args(script_args, training_args, model_args, dataset_args))
 
 
-if __name__ == "__main__":
+def run(argv: list[str] | None = None) -> GRPOTrainer:
+    """`trl grpo` as a function: parse `argv` (default `sys.argv[1:]`), then `main`; every error is raised."""
+    return main(*parse_args(argv))
+
+
+if __name__ == "__main__":  # `python trl/scripts/grpo.py ...` or `accelerate launch trl/scripts/grpo.py ...`
     from trl.cli import main as cli_main
 
     sys.exit(cli_main(["grpo", *sys.argv[1:]]))

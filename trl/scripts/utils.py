@@ -4,6 +4,7 @@ the command line overrides), `ScriptArguments`, dataset mixtures (`DatasetMixtur
 dataset from a local path, and `init_zero_verbose`."""
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -16,6 +17,7 @@ from datasets import (
     DatasetDict,
     IterableDataset,
     IterableDatasetDict,
+    ReadInstruction,
     concatenate_datasets,
     load_dataset,
     load_from_disk,
@@ -147,6 +149,12 @@ class DatasetMixtureConfig:
         self.datasets = [DatasetConfig(**item) if isinstance(item, dict) else item for item in self.datasets]
 
 
+def _warning_as_log_record(message, category, filename, lineno, file=None, line=None):
+    """Stands in for `warnings.showwarning`: the warning is logged by the root logger, at WARNING level, as
+    `path:line: Category: message`, so the logging configuration decides whether it is shown."""
+    logging.getLogger().warning("%s:%s: %s: %s", filename, lineno, category.__name__, message)
+
+
 def init_zero_verbose():
     """Quiet logging for a command-line script: only errors are logged (through Rich when it is installed, in the
     format `[time] message`), and Python warnings are routed into the logging system instead of printed. Call it
@@ -156,17 +164,21 @@ def init_zero_verbose():
     from transformers.utils import is_rich_available
 
     if is_rich_available():
-        from rich.logging import RichHandler
-
-        handler = RichHandler()
+        from rich.logging import RichHandler as handler_class
     else:
-        handler = logging.StreamHandler()
-    logging.basicConfig(format="%(message)s", datefmt="[%X]", handlers=[handler], level=logging.ERROR)
+        handler_class = logging.StreamHandler
+    logging.basicConfig(level=logging.ERROR, handlers=[handler_class()], format="%(message)s", datefmt="[%X]")
+    warnings.showwarning = _warning_as_log_record
 
-    def log_warning(message, category, filename, lineno, file=None, line=None):
-        logging.warning(f"{filename}:{lineno}: {category.__name__}: {message}")
 
-    warnings.showwarning = log_warning
+def _parser_actions(parser: argparse.ArgumentParser):
+    """Every action of `parser` and, in place of a subcommand action, every action of its subcommands' parsers."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            yield action
+            continue
+        for subparser in action.choices.values():
+            yield from _parser_actions(subparser)
 
 
 class TrlParser(HfArgumentParser):
@@ -193,16 +205,16 @@ class TrlParser(HfArgumentParser):
 
     def __init__(self, dataclass_types=None, **kwargs):
         if dataclass_types is None:
-            dataclass_types = []
-        elif not isinstance(dataclass_types, Iterable):
-            dataclass_types = [dataclass_types]
-        for dataclass_type in dataclass_types:
-            if "config" in dataclass_type.__dataclass_fields__:
-                raise ValueError(
-                    f"{dataclass_type.__name__} has a field named 'config', which TrlParser keeps for the "
-                    "`--config FILE.yaml` flag: rename the field."
-                )
-        super().__init__(dataclass_types=dataclass_types, **kwargs)
+            types = []
+        else:  # one dataclass, or several
+            types = list(dataclass_types) if isinstance(dataclass_types, Iterable) else [dataclass_types]
+        clashing = [cls.__name__ for cls in types if any(f.name == "config" for f in dataclasses.fields(cls))]
+        if clashing:
+            raise ValueError(
+                f"{clashing[0]} has a field named 'config', which TrlParser keeps for the `--config FILE.yaml` "
+                "flag: rename the field."
+            )
+        super().__init__(dataclass_types=types, **kwargs)
 
     def parse_args_and_config(
         self,
@@ -234,13 +246,18 @@ class TrlParser(HfArgumentParser):
             del args[index : index + 2]
             env = config.pop("env", {})
             if not isinstance(env, dict):
-                raise ValueError(f"`env` in the config file must map variable names to values, got {env!r}.")
+                raise ValueError(
+                    f"`env` field should be a dict in the YAML file (variable names to values), got {env!r}."
+                )
             for key, value in env.items():
                 os.environ[str(key)] = str(value)
             config_remaining = self.set_defaults_with_config(**config)
             if config_remaining and fail_with_unknown_args and not return_remaining_strings:
-                unknown = sorted((key for key in config if f"--{key}" in config_remaining[::2]), key=str)
-                raise ValueError(f"Unknown keys in the config file: {unknown}.")
+                unknown = sorted(item[2:] for item in config_remaining[::2])
+                raise ValueError(
+                    f"Unknown arguments from config file: {unknown}. No flag has these names: remove or rename them "
+                    "(or parse with `fail_with_unknown_args=False` to ignore them)."
+                )
         output = self.parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings)
         if not return_remaining_strings:
             return output
@@ -251,20 +268,17 @@ class TrlParser(HfArgumentParser):
     def set_defaults_with_config(self, **kwargs) -> list[str]:
         """Make each `kwargs` value the default of the flag with that name (in subparsers too), and no longer
         required; returns `["--key", "str(value)", ...]` for the keys no flag takes."""
-
-        def apply(parser: argparse.ArgumentParser) -> set[str]:
-            used = set()
-            for action in parser._actions:
-                if isinstance(action, argparse._SubParsersAction):
-                    for subparser in action.choices.values():
-                        used |= apply(subparser)
-                elif action.dest in kwargs:
-                    action.default, action.required = kwargs[action.dest], False
-                    used.add(action.dest)
-            return used
-
-        used = apply(self)
-        return [item for key, value in kwargs.items() if key not in used for item in (f"--{key}", str(value))]
+        taken = set()
+        for action in _parser_actions(self):
+            if action.dest in kwargs:
+                action.default = kwargs[action.dest]
+                action.required = False
+                taken.add(action.dest)
+        leftover = []
+        for key, value in kwargs.items():
+            if key not in taken:
+                leftover += [f"--{key}", str(value)]
+        return leftover
 
 
 def read_yaml_config(path: str) -> dict:
@@ -285,7 +299,7 @@ def read_yaml_config(path: str) -> dict:
             ) from error
     if not isinstance(config, dict):
         raise ValueError(
-            f"The config file {path!r} must hold a mapping of flag names to values, not a {type(config).__name__}."
+            f"Config file {path!r} must contain a YAML mapping (flag names to values), not a {type(config).__name__}."
         )
     return config
 
@@ -311,6 +325,29 @@ def _stream_saved(saved: Dataset | DatasetDict) -> IterableDataset | IterableDat
     return IterableDatasetDict({split: part.to_iterable_dataset() for split, part in saved.items()})
 
 
+def _load_local(path: str, split: str | None = None, streaming: bool = False):
+    """Read `path` when it is a `save_to_disk` folder or a single local data file; `None` when it is neither.
+
+    Without `split`, the whole `DatasetDict` (`IterableDatasetDict` with `streaming`), where a lone saved `Dataset`
+    or a data file is split `"train"`; with `split`, that one split, which may be a slice (`"train[:100]"`,
+    `"train[10%:]+test"`). A streamed data file takes plain split names only (`datasets` refuses slices there).
+
+    Raises:
+        ValueError: if there is no split `split` (naming the splits there are).
+    """
+    if _is_saved_dataset(path):
+        saved = load_from_disk(path)
+        splits = DatasetDict({"train": saved}) if isinstance(saved, Dataset) else saved
+        if split is None:
+            return _stream_saved(splits) if streaming else splits
+        part = dataset_split(splits, split, path)
+        return part.to_iterable_dataset() if streaming else part
+    builder = _data_file_builder(path)
+    if builder is None:
+        return None
+    return load_dataset(builder, data_files={"train": path}, split=split, streaming=streaming)
+
+
 def load_dataset_from_path(
     name: str, config: str | None = None, streaming: bool = False
 ) -> DatasetDict | IterableDatasetDict:
@@ -320,46 +357,51 @@ def load_dataset_from_path(
     Raises:
         PathNotFoundError: if `name` is not an existing local path and could not be loaded from the Hub either.
     """
-    if _is_saved_dataset(name):
-        loaded = load_from_disk(name)
-        loaded = DatasetDict({"train": loaded}) if isinstance(loaded, Dataset) else loaded
-        return _stream_saved(loaded) if streaming else loaded
-    builder = _data_file_builder(name)
-    if builder is not None:
-        return load_dataset(builder, data_files={"train": name}, streaming=streaming)
+    local = _load_local(name, streaming=streaming)
+    if local is not None:
+        return local
     with explain_missing_path(name, "Dataset"):
         return load_dataset(name, config, streaming=streaming)
 
 
 def dataset_split(dataset: DatasetDict | IterableDatasetDict, split: str, name: str) -> Dataset | IterableDataset:
-    """`dataset[split]`.
+    """`dataset[split]`, where `split` may also be a slice in `datasets`' split syntax (`"train[:100]"`,
+    `"train[10%:20%]"`, `"train+test"`) when `dataset` is a `DatasetDict` (a streamed one has no length to slice).
 
     Raises:
-        ValueError: naming the splits there are, if `dataset` has no split `split`.
+        ValueError: naming the splits there are, if `dataset` has no split `split` (or no split that the slice
+            names); if the slice is malformed, or `dataset` is streamed and `split` is a slice.
     """
-    if split not in dataset:
-        raise ValueError(f"The dataset {name!r} has no split {split!r}; its splits are {sorted(dataset)}.")
-    return dataset[split]
+    if split in dataset:
+        return dataset[split]
+    named = [piece.split("[", 1)[0].strip() for piece in split.split("+")]  # "train[:10]+test" -> train, test
+    missing = [piece for piece in named if piece not in dataset]
+    if missing:
+        raise ValueError(f"The dataset {name!r} has no split {missing[0]!r}; its splits are {sorted(dataset)}.")
+    if not isinstance(dataset, DatasetDict):
+        raise ValueError(f"The split {split!r} of {name!r} is a slice, which a streamed dataset cannot take.")
+    sizes = {key: len(part) for key, part in dataset.items()}
+    try:
+        ranges = ReadInstruction.from_spec(split).to_absolute(sizes)
+    except (ValueError, AssertionError) as error:
+        raise ValueError(f"The split {split!r} of {name!r} is not a valid slice: {error}") from error
+    return concatenate_datasets([dataset[r.splitname].select(range(r.from_, r.to)) for r in ranges])
 
 
 def load_mixture_part(dataset_config: DatasetConfig, streaming: bool = False) -> Dataset | IterableDataset:
     """One split of one dataset of a mixture. A `save_to_disk` folder and a single local data file (given as
-    `path`, without `data_dir`/`data_files`) are read directly; anything else goes to `datasets.load_dataset`.
+    `path`, without `data_dir`/`data_files`) are read directly (a saved folder's split may be a slice such as
+    `"train[:100]"`); anything else goes to `datasets.load_dataset`.
 
     Raises:
-        ValueError: if a `save_to_disk` folder has no split `dataset_config.split`.
+        ValueError: if the dataset has no split `dataset_config.split`.
         PathNotFoundError: if `path` is not an existing local path and could not be loaded from the Hub either.
     """
     path, split = dataset_config.path, dataset_config.split
-    direct = dataset_config.data_dir is None and dataset_config.data_files is None
-    if direct and _is_saved_dataset(path):
-        loaded = load_from_disk(path)
-        loaded = DatasetDict({"train": loaded}) if isinstance(loaded, Dataset) else loaded
-        part = dataset_split(loaded, split, path)
-        return part.to_iterable_dataset() if streaming else part
-    builder = _data_file_builder(path) if direct else None
-    if builder is not None:
-        return load_dataset(builder, data_files={"train": path}, split=split, streaming=streaming)
+    if dataset_config.data_dir is None and dataset_config.data_files is None:
+        local = _load_local(path, split, streaming)
+        if local is not None:
+            return local
     with explain_missing_path(path, "Dataset"):
         return load_dataset(
             path,
@@ -379,20 +421,28 @@ def get_dataset(mixture_config: DatasetMixtureConfig) -> DatasetDict | IterableD
 
     Raises:
         ValueError: if the mixture has no datasets; if `fraction` is set for some datasets but not all, or is set
-            with `streaming`; if `test_split_size` is set with `streaming` (a stream cannot be split); or from
+            with `streaming`; if `test_split_size` is set with `streaming` (a stream cannot be split); if a dataset
+            has no split `split` (or its slice is malformed), the message naming the splits it has; or from
             `datasets` when the datasets' columns do not match.
         PathNotFoundError: if a dataset's `path` is not an existing local path and could not be loaded from the
             Hub either.
     """
     if not mixture_config.datasets:
-        raise ValueError("The dataset mixture is empty: list at least one dataset under `datasets:`.")
+        raise ValueError(
+            "No datasets were loaded from the mixture configuration: list at least one dataset under `datasets:`."
+        )
     streaming = mixture_config.streaming
     fractions = [dataset_config.fraction for dataset_config in mixture_config.datasets]
     if any(fraction is not None for fraction in fractions):
         if None in fractions:
-            raise ValueError(f"Set `fraction` for every dataset of the mixture or for none (got {fractions}).")
+            raise ValueError(
+                f"`fraction` must be set for either all datasets in the mixture or none of them (got {fractions})."
+            )
         if streaming:
-            raise ValueError("`fraction` cannot be used with `streaming`: a streamed dataset has no length.")
+            raise ValueError(
+                "Using a dataset `fraction` is not supported with streaming datasets: a streamed dataset has no "
+                "length to take a share of."
+            )
     if streaming and mixture_config.test_split_size is not None:
         raise ValueError("`test_split_size` cannot be used with `streaming`: a streamed dataset cannot be split.")
     parts = []

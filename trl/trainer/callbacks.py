@@ -171,16 +171,30 @@ class RichProgressCallback(TrainerCallback):
     TRL compatibility: TRL 1.16's constructor (no arguments), attributes and display.
     """
 
+    # TRL's attributes, all `None` while no training is drawn.
+    _DISPLAY_ATTRIBUTES = (
+        "training_bar",
+        "evaluation_bar",
+        "training_task",
+        "evaluation_task",
+        "rich_group",
+        "rich_console",
+        "training_status",
+        "current_step",
+    )
+
     def __init__(self):
         if not is_rich_available():
-            raise ImportError("RichProgressCallback needs `rich`: `pip install rich`.")
-        self._reset()
+            raise ImportError("RichProgressCallback requires the `rich` extra: install it with `pip install rich`.")
+        self._forget_display()
 
-    def _reset(self):
-        self.training_bar = self.evaluation_bar = None
-        self.training_task = self.evaluation_task = None
-        self.rich_group = self.rich_console = self.training_status = None
-        self.current_step = None
+    def _forget_display(self):
+        for name in self._DISPLAY_ATTRIBUTES:
+            setattr(self, name, None)
+
+    def _draws(self, state) -> bool:
+        """Whether there is a display to update: on the main process, between `on_train_begin` and `on_train_end`."""
+        return state.is_world_process_zero and self.rich_group is not None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -190,72 +204,74 @@ class RichProgressCallback(TrainerCallback):
         from rich.panel import Panel
         from rich.progress import Progress
 
-        self.rich_console = Console()
-        self.training_bar, self.evaluation_bar = (
-            Progress(console=self.rich_console),
-            Progress(console=self.rich_console),
+        console = Console()
+        training, evaluation = Progress(console=console), Progress(console=console)
+        status = console.status("Nothing to log yet ...")
+        self.rich_console, self.training_bar, self.evaluation_bar, self.training_status = (
+            console,
+            training,
+            evaluation,
+            status,
         )
-        self.training_status = self.rich_console.status("Nothing to log yet ...")
-        panel = Panel(Group(self.training_bar, self.evaluation_bar, self.training_status))
-        self.rich_group = Live(panel, console=self.rich_console)
-        self.rich_group.start()
-        self.training_task = self.training_bar.add_task("[blue]Training  ", total=state.max_steps)
+        self.training_task = training.add_task("[blue]Training  ", total=state.max_steps)
         self.current_step = 0
+        self.rich_group = Live(Panel(Group(training, evaluation, status)), console=console)
+        self.rich_group.start()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero or self.training_bar is None:
-            return
-        # `advance` by the difference: a resumed run starts at its checkpoint's step.
-        self.training_bar.update(self.training_task, advance=state.global_step - self.current_step, update=True)
-        self.current_step = state.global_step
+        if self._draws(state):
+            # An absolute position: a resumed run starts at its checkpoint's step.
+            self.training_bar.update(self.training_task, completed=state.global_step, update=True)
+            self.current_step = state.global_step
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
-        if not state.is_world_process_zero or self.evaluation_bar is None or not has_length(eval_dataloader):
+        if not (self._draws(state) and has_length(eval_dataloader)):
             return
         if self.evaluation_task is None:
             self.evaluation_task = self.evaluation_bar.add_task("[blue]Evaluation", total=len(eval_dataloader))
         self.evaluation_bar.update(self.evaluation_task, advance=1, update=True)
 
-    def _end_evaluation(self, state):
-        if state.is_world_process_zero and self.evaluation_task is not None:
+    def on_evaluate(self, args, state, control, **kwargs):
+        """The evaluation is over (also `on_predict`): its bar goes away until the next one."""
+        if self._draws(state) and self.evaluation_task is not None:
             self.evaluation_bar.remove_task(self.evaluation_task)
             self.evaluation_task = None
 
-    def on_evaluate(self, args, state, control, **kwargs):
-        self._end_evaluation(state)
-
-    def on_predict(self, args, state, control, **kwargs):
-        self._end_evaluation(state)
+    on_predict = on_evaluate
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or self.training_bar is None:
-            return
-        from rich.columns import Columns
-        from rich.panel import Panel
-        from rich.table import Table
-
-        groups: dict[str | None, dict[str, object]] = {}
-        for key, value in (logs or {}).items():
-            group, _, name = key.partition("/") if "/" in key else (None, "", key)
-            groups.setdefault(group, {})[name] = value
-        panels = []
-        for group, values in groups.items():
-            table = Table(title=f"[bold blue]{group}[/]" if group else None, header_style="bold magenta", box=None)
-            table.add_column("Metric", justify="left", no_wrap=True)
-            table.add_column("Value", justify="right")
-            for name, value in values.items():
-                table.add_row(name, f"{value:.3f}" if isinstance(value, (int, float)) else str(value))
-            panels.append(Panel(table, border_style="cyan", padding=(0, 1)))
-        title = f"[bold green]Step {state.global_step}[/bold green]"
-        self.training_status.update(
-            Panel(Columns(panels, equal=False, expand=True), title=title, border_style="green")
-        )
+        if self._draws(state):
+            self.training_status.update(logs_panel(state.global_step, logs or {}))
 
     def on_train_end(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero or self.rich_group is None:
-            return
-        self.rich_group.stop()
-        self._reset()
+        if self._draws(state):
+            self.rich_group.stop()
+            self._forget_display()
+
+
+def logs_panel(step: int, logs: dict):
+    """What `RichProgressCallback` shows of one log: a panel titled `Step <step>` holding, side by side, one
+    two-column table (metric, value) per key prefix: `rewards/accuracy/mean` goes to the table titled `rewards` as
+    `accuracy/mean`; keys without a `/` share one untitled table. Tables come in the order their first key was
+    logged; numbers are shown with 3 decimals."""
+    from rich.columns import Columns
+    from rich.panel import Panel
+    from rich.table import Table
+
+    rows_by_prefix: dict[str | None, list[tuple[str, object]]] = {}
+    for key, value in logs.items():
+        prefix, slash, rest = key.partition("/")
+        rows_by_prefix.setdefault(prefix if slash else None, []).append((rest if slash else key, value))
+    tables = []
+    for prefix, rows in rows_by_prefix.items():
+        table = Table(title=f"[bold blue]{prefix}[/]" if prefix else None, header_style="bold magenta", box=None)
+        table.add_column("Metric", justify="left", no_wrap=True)
+        table.add_column("Value", justify="right")
+        for name, value in rows:
+            table.add_row(name, f"{value:.3f}" if isinstance(value, (int, float)) else str(value))
+        tables.append(Panel(table, border_style="cyan", padding=(0, 1)))
+    title = f"[bold green]Step {step}[/bold green]"
+    return Panel(Columns(tables, equal=False, expand=True), title=title, border_style="green")
 
 
 class LogCompletionsCallback(TrainerCallback):
@@ -288,7 +304,10 @@ class LogCompletionsCallback(TrainerCallback):
 
     def __init__(self, trainer, generation_config=None, num_prompts: int | None = None, freq: int | None = None):
         if trainer.eval_dataset is None:
-            raise ValueError("LogCompletionsCallback needs a trainer with an evaluation dataset (`eval_dataset`).")
+            raise ValueError(
+                "Trainer must have an evaluation dataset to use the LogCompletionsCallback: pass `eval_dataset` to "
+                "the trainer."
+            )
         self.trainer = trainer
         self.generation_config = generation_config
         self.freq = freq

@@ -11,7 +11,7 @@ from transformers.generation import GenerationMode
 from transformers.utils import logging
 
 from .grpo_config import GENERATION_IMPLEMENTATIONS
-from .grpo_losses import completion_mask
+from .grpo_losses import completion_mask, pad_to_multiple
 from .layouts import PLAIN, ZERO3, parameter_layouts
 from .prefix_sharing import length_scaled_ropes, rope_sharing_blocker, shared_prefix_cache, split_lengths
 
@@ -168,12 +168,16 @@ def sample_completions(
     return sequences[:, prompt_ids.size(1) :].clone()  # a normal tensor: training may save it for backward
 
 
-def left_pad(rows: list[list[int]], pad_token_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(N, P)` int64 ids of `rows` left-padded with `pad_token_id` to the longest row, and their attention mask."""
+def left_pad(
+    rows: list[list[int]], pad_token_id: int, device=None, pad_to_multiple_of: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(N, P)` int64 ids of `rows` left-padded with `pad_token_id` to the longest row (then to a multiple of
+    `pad_to_multiple_of`), and their attention mask."""
     width = max(len(row) for row in rows)
     ids = torch.tensor([[pad_token_id] * (width - len(row)) + list(row) for row in rows], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], dtype=torch.long)
-    return ids.to(device), mask.to(device)
+    ids = pad_to_multiple(ids, pad_to_multiple_of, pad_token_id, side="left")
+    return ids.to(device), pad_to_multiple(mask, pad_to_multiple_of, 0, side="left").to(device)
 
 
 def completion_id_lists(completion_ids: torch.Tensor, eos_token_ids: list[int]) -> list[list[int]]:
@@ -190,13 +194,6 @@ def decode_completion_lists(
     `[{"role": "assistant", "content": text}]` for conversational prompts (TRL 1.16's `completions`)."""
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
-
-
-def completion_text(completion) -> str:
-    """The text of one completion as reward functions receive it: itself, or its messages' contents joined."""
-    if isinstance(completion, str):
-        return completion
-    return "".join(str(message.get("content", "")) for message in completion)
 
 
 class Completions(NamedTuple):
@@ -222,13 +219,18 @@ def pad_completions(
     end_ids: list[int],
     mask_truncated_completions: bool = False,
     device=None,
+    pad_to_multiple_of: int | None = None,
 ) -> Completions:
     """The padded ids and masks of N completion token lists, as TRL 1.16 builds them: right-padded with
-    `pad_token_id`; a completion counts as terminated when its last id is in `end_ids` (the stop tokens and the pad
+    `pad_token_id` (to the longest, then to a multiple of `pad_to_multiple_of`); a completion counts as terminated when its last id is in `end_ids` (the stop tokens and the pad
     token), and `mask_truncated_completions` zeroes the loss mask of the others."""
     width = max(1, max(len(row) for row in completion_ids))
     ids = torch.tensor([list(row) + [pad_token_id] * (width - len(row)) for row in completion_ids], dtype=torch.long)
     full_mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in completion_ids], dtype=torch.long)
     terminated = torch.tensor([len(row) > 0 and row[-1] in end_ids for row in completion_ids], dtype=torch.bool)
     mask = full_mask * terminated.unsqueeze(1).long() if mask_truncated_completions else full_mask
-    return Completions(ids.to(device), full_mask.to(device), mask.to(device), terminated.to(device))
+    ids, full_mask, mask = (
+        pad_to_multiple(t, pad_to_multiple_of, value).to(device)
+        for t, value in ((ids, pad_token_id), (full_mask, 0), (mask, 0))
+    )
+    return Completions(ids, full_mask, mask, terminated.to(device))

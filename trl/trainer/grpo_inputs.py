@@ -114,9 +114,6 @@ class RepeatSampler(Sampler):
         return (self.num_samples // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
 
 
-from ..data_utils import is_conversational  # noqa: E402, F401  (one definition, TRL's; re-exported here)
-
-
 def reward_columns(inputs: list[dict[str, Any]]) -> dict[str, list]:
     """The dataset columns of a batch that reward (and label) functions receive as keyword arguments, one list per
     column: every key of the examples except `prompt`, `completion` and `completion_ids`."""
@@ -349,10 +346,11 @@ def check_stream_settings(args, train_dataset, eval_dataset=None) -> None:
         )
     if args.dataloader_num_workers != 0:
         logger.warning(
-            f"{STREAM_WORKERS_PHRASE} to preserve prompt grouping; overriding the provided value "
-            f"({args.dataloader_num_workers}) with 0 (and dataloader_persistent_workers / dataloader_prefetch_factor, "
-            "which need workers, with False / None): each worker would read its own share of the stream and the "
-            "groups of num_generations completions would be split. A map-style `Dataset` keeps its workers."
+            f"{STREAM_WORKERS_PHRASE}: training reads the stream in the main process, so dataloader_num_workers="
+            f"{args.dataloader_num_workers} becomes 0 (dataloader_persistent_workers becomes False and "
+            "dataloader_prefetch_factor None, as they need workers). Several workers would each read part of the "
+            "stream and interleave their rows, splitting the num_generations rows of a prompt; a map-style "
+            "`Dataset` keeps its workers."
         )
         args.dataloader_num_workers = 0
         args.dataloader_persistent_workers = False

@@ -252,6 +252,12 @@ def importance_ratio(
     )
 
 
+def per_token_advantages(advantages: torch.Tensor) -> torch.Tensor:
+    """`(N, 1)` from one advantage per completion `(N,)`, so it broadcasts over tokens; `(N, L)` per-token advantages
+    (which TRL 1.16 also accepts from subclasses) and `(N, 1)` are returned as they are."""
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+
+
 def clipped_surrogate(
     ratio: torch.Tensor,
     advantages: torch.Tensor,
@@ -267,7 +273,7 @@ def clipped_surrogate(
 
     Args:
         ratio: `(N, L)` or `(N, 1)` importance weights from `importance_ratio` (differentiable).
-        advantages: `(N,)` advantages.
+        advantages: `(N,)` advantages, or `(N, L)` per token.
         epsilon_low, epsilon_high: clipping ranges.
         delta: optional upper cap of the unclipped ratio.
 
@@ -275,7 +281,7 @@ def clipped_surrogate(
         `(per_token_loss, is_low_clipped, is_high_clipped)`, all of `ratio`'s shape; the last two are bool masks of
         the weights clipped below (Â < 0) or above (Â > 0), judged on the uncapped ratio.
     """
-    adv = advantages.unsqueeze(1)
+    adv = per_token_advantages(advantages)
     clipped_ratio = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
     capped_ratio = ratio if delta is None else ratio.clamp(max=delta)
     per_token_loss = -torch.min(capped_ratio * adv, clipped_ratio * adv)
@@ -294,14 +300,14 @@ def cispo_loss(
 
     Args:
         ratio: `(N, L)` or `(N, 1)` importance weights.
-        advantages: `(N,)`.
+        advantages: `(N,)`, or `(N, L)` per token.
         per_token_logps: `(N, L)` policy log-probs (differentiable).
         epsilon_high: ε_max.
 
     Returns:
         `(N, L)` float tensor.
     """
-    return -ratio.clamp(max=epsilon_high).detach() * advantages.unsqueeze(1) * per_token_logps
+    return -ratio.clamp(max=epsilon_high).detach() * per_token_advantages(advantages) * per_token_logps
 
 
 def sapo_loss(
@@ -314,13 +320,13 @@ def sapo_loss(
 
     Args:
         ratio: `(N, L)` or `(N, 1)` importance weights (differentiable).
-        advantages: `(N,)`.
+        advantages: `(N,)`, or `(N, L)` per token.
         temperature_pos, temperature_neg: τ for positive and for non-positive advantages (> 0).
 
     Returns:
         Float tensor of `ratio`'s shape.
     """
-    adv = advantages.unsqueeze(1)
+    adv = per_token_advantages(advantages)
     tau = torch.where(adv > 0, temperature_pos, temperature_neg).to(ratio.dtype)
     return -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv
 
@@ -347,7 +353,7 @@ def vespo_weights(
     (`k_pos`, `lambda_pos`) where Â ≥ 0, else (`k_neg`, `lambda_neg`); λ is floored at 1e-4. Overflows count as 0.
 
     Args:
-        advantages: `(N,)`.
+        advantages: `(N,)`, or `(N, L)` per token (then the weights are `(N, L)`).
         per_token_logps, old_per_token_logps: `(N, L)`.
         mask: `(N, L)` 1 for valid completion tokens.
         k_pos, lambda_pos, k_neg, lambda_neg: the Gamma-shape parameters.
@@ -358,7 +364,7 @@ def vespo_weights(
     log_ratio = (per_token_logps - old_per_token_logps).clamp(-20.0, 20.0)
     log_w = (log_ratio * mask.to(log_ratio.dtype)).sum(-1, keepdim=True)
     log_w = log_w.clamp(VESPO_LOG_WEIGHT_MIN, VESPO_LOG_WEIGHT_MAX)
-    nonneg = advantages.unsqueeze(1) >= 0
+    nonneg = per_token_advantages(advantages) >= 0
     k = torch.where(nonneg, k_pos, k_neg).to(log_w.dtype)
     lam = torch.where(nonneg, lambda_pos, lambda_neg).to(log_w.dtype).clamp(min=1e-4)
     return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
@@ -376,7 +382,7 @@ def off_policy_sequence_mask(
     as the mean over valid tokens of log π_sampling − log π_θ (a KL(π_sampling ‖ π_θ) estimate; no gradient).
 
     Args:
-        advantages: `(N,)` or `(N, 1)`.
+        advantages: `(N,)`, `(N, 1)` or `(N, L)`.
         per_token_logps: `(N, L)` policy log-probs.
         sampling_per_token_logps: `(N, L)` log-probs of the policy that sampled the data.
         mask: `(N, L)` 1 for valid completion tokens.
@@ -388,25 +394,25 @@ def off_policy_sequence_mask(
     mask = mask.to(per_token_logps.dtype)
     drift = torch.nan_to_num(sampling_per_token_logps - per_token_logps.detach(), nan=0.0)
     mean_drift = (drift * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
-    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    keep = (advantages >= 0) | (mean_drift <= threshold)
+    keep = (per_token_advantages(advantages) >= 0) | (mean_drift <= threshold)
     return keep.to(per_token_logps.dtype)
 
 
 def high_entropy_mask(
     entropies: torch.Tensor,
     mask: torch.Tensor,
-    top_quantile: float,
+    quantile: float,
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Keep only the top-`top_quantile` fraction of valid tokens by entropy ("Beyond the 80/20 rule",
-    arXiv 2506.01939): a token is kept when its entropy is at least the (1 − `top_quantile`) quantile (linear
-    interpolation, `torch.quantile`) of the entropies of all valid tokens. Padding never counts, nor is kept.
+    """Keep only the valid tokens whose entropy is at least the `quantile` quantile (linear interpolation,
+    `torch.quantile`) of the entropies of all valid tokens ("Beyond the 80/20 rule", arXiv 2506.01939): with
+    `quantile = 1 − ρ` the top-ρ fraction (`top_entropy_quantile = ρ`, as the trainer passes it). Padding never
+    counts, nor is kept.
 
     Args:
         entropies: `(N, L)` float per-token entropies.
         mask: `(N, L)` 1 for valid completion tokens.
-        top_quantile: ρ in [0, 1]; 1 keeps every valid token, 0 only the highest-entropy one(s).
+        quantile: in [0, 1]; 0 keeps every valid token, 1 only the highest-entropy one(s).
         gather: optional function mapping this process's 1-D tensor of valid entropies to the concatenation over
             all processes (so every process uses the same threshold); identity when `None`.
 
@@ -419,7 +425,7 @@ def high_entropy_mask(
         values = gather(values)
     if values.numel() == 0:
         return torch.zeros_like(valid)
-    threshold = torch.quantile(values, 1.0 - top_quantile)
+    threshold = torch.quantile(values, quantile)
     return (entropies >= threshold) & valid
 
 
@@ -439,7 +445,6 @@ POLICY_LOSS_FIELDS = (
     "vespo_lambda_pos",
     "vespo_k_neg",
     "vespo_lambda_neg",
-    "off_policy_mask_threshold",
 )
 
 
@@ -474,24 +479,23 @@ def per_token_policy_loss(
     vespo_lambda_pos: float = 3.0,
     vespo_k_neg: float = 3.0,
     vespo_lambda_neg: float = 2.0,
-    off_policy_mask_threshold: float | None = None,
 ) -> PolicyLoss:
     """The policy term of the GRPO loss for every `loss_type`, before normalisation (see `aggregate_loss`).
 
     ρ comes from `importance_ratio` at `importance_sampling_level`; then, by `loss_type`:
     `"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`, `"luspo"` use `clipped_surrogate` (with `delta`); `"cispo"` uses
     `cispo_loss` (ε_max = `epsilon_high`); `"sapo"` uses `sapo_loss`; `"vespo"` uses −φ(w)·Â·log π_θ with the
-    sequence weights of `vespo_weights`. With `off_policy_mask_threshold`, `off_policy_sequence_mask` (measured
-    against `old_per_token_logps`) zeroes the dropped completions; `token_mask` (e.g. `high_entropy_mask`) zeroes
-    tokens. The keyword arguments are the `GRPOConfig` fields of the same names (`POLICY_LOSS_FIELDS`).
+    sequence weights of `vespo_weights`. `token_mask` zeroes tokens: e.g. `high_entropy_mask`, times the `(N, 1)`
+    `off_policy_sequence_mask` of the dropped completions. The keyword arguments are the `GRPOConfig` fields of the
+    same names (`POLICY_LOSS_FIELDS`).
 
     Args:
         per_token_logps: `(N, L)` float32 policy log-probs (differentiable).
         old_per_token_logps: `(N, L)` float32 log-probs of the sampling policy (`per_token_logps.detach()`
             on-policy).
-        advantages: `(N,)` float advantages.
+        advantages: `(N,)` float advantages, or `(N, L)` per token (e.g. from a subclass, as TRL allows).
         mask: `(N, L)` 1 for valid completion tokens.
-        token_mask: optional `(N, L)` bool or 0/1 mask of the tokens that keep their policy loss.
+        token_mask: optional `(N, L)` or `(N, 1)` bool or 0/1 mask of the tokens that keep their policy loss.
 
     Returns:
         A `PolicyLoss`.
@@ -501,7 +505,7 @@ def per_token_policy_loss(
     """
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     ratio = importance_ratio(per_token_logps, old_per_token_logps, mask, importance_sampling_level)
-    adv = advantages.unsqueeze(1)
+    adv = per_token_advantages(advantages)
     metrics = {}
     if loss_type in CLIPPED_LOSS_TYPES:
         per_token_loss, low, high = clipped_surrogate(ratio, advantages, epsilon, epsilon_high, delta)
@@ -520,10 +524,6 @@ def per_token_policy_loss(
         metrics["vespo/phi_seq_mean"] = phi
     else:
         raise ValueError(f"Unknown loss type: {loss_type}. loss_type must be one of {', '.join(LOSS_TYPES)}.")
-    if off_policy_mask_threshold is not None:
-        per_token_loss = per_token_loss * off_policy_sequence_mask(
-            advantages, per_token_logps, old_per_token_logps, mask, off_policy_mask_threshold
-        )
     if token_mask is not None:
         per_token_loss = per_token_loss * token_mask.to(per_token_loss.dtype)
     return PolicyLoss(per_token_loss.expand(mask.shape), ratio, metrics)

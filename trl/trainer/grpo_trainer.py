@@ -21,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, Trai
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, has_length
 from transformers.utils import logging
 
+from ..data_utils import is_conversational
 from ..models.utils import (
     disable_dropout_in_model,
     load_policy,
@@ -30,6 +31,7 @@ from ..models.utils import (
     unwrap_model_for_generation,
     use_adapter,
 )
+from ..rewards._utils import completion_text
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
 from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import (
@@ -47,7 +49,6 @@ from .grpo_checkpoint import (
 from .grpo_config import GRPOConfig
 from .grpo_generation import (
     completion_id_lists,
-    completion_text,
     decode_completion_lists,
     grpo_generation_config,
     left_pad,
@@ -60,7 +61,6 @@ from .grpo_inputs import (
     check_eval_batch,
     check_prompt_datasets,
     check_stream_settings,
-    is_conversational,
     micro_steps_done,
     repeat_iterable_dataset,
     reward_columns,
@@ -76,7 +76,6 @@ from .grpo_losses import (
     aggregate_loss,
     importance_weighted_kl,
     kl_k3,
-    pad_to_multiple,
     per_token_policy_loss,
 )
 from .grpo_metrics import (
@@ -315,7 +314,11 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
 
     def get_eval_dataloader(self, eval_dataset: str | Dataset | IterableDataset | None = None):
         """As `Trainer`'s for a map-style dataset; a stream is shuffled (buffered, `seed`) and each prompt repeated
-        `num_generations_eval` times in a row, read without loader workers."""
+        `num_generations_eval` times in a row, read without loader workers.
+
+        Raises:
+            ValueError: for a stream with `accelerator_config.dispatch_batches=True`.
+        """
         named = isinstance(eval_dataset, str)
         dataset = self.eval_dataset[eval_dataset] if named else eval_dataset
         dataset = self.eval_dataset if dataset is None else dataset
@@ -448,23 +451,22 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         )
         return [row[m.bool()].tolist() for row, m in zip(ids, mask)], None, {}
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations):
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL 1.16's sampling step: one completion per row of `prompt_ids` (N lists of ids; each prompt already
         repeated `num_generations` times) with the policy's `generate` (see `grpo_generation.sample_completions`),
         seeded by the position in training. Returns `(completion_ids, logprobs)`: N lists of ids cut after the first
         stop token, and `None` (no sampler log-probs without vLLM).
 
         Raises:
-            ValueError: if `images` or `multimodal_fields` are given (vision models are not supported here).
+            ValueError: if `images`, `multimodal_fields` or `has_tool_images` are given (no vision models or tools
+                here).
         """
-        if images is not None or multimodal_fields:
+        if images is not None or multimodal_fields or has_tool_images:
             raise ValueError("Images and multimodal prompt fields are not supported here (no vision models).")
         args, device = self.args, self.accelerator.device
         mode = "train" if self.model.training else "eval"
         pad_id = self.processing_class.pad_token_id
-        ids, mask = left_pad(prompt_ids, pad_id, device)
-        ids = pad_to_multiple(ids, args.pad_to_multiple_of, pad_id, side="left")
-        mask = pad_to_multiple(mask, args.pad_to_multiple_of, 0, side="left")
+        ids, mask = left_pad(prompt_ids, pad_id, device, args.pad_to_multiple_of)
         with unwrap_model_for_generation(
             self.model_wrapped, self.accelerator, args.ds3_gather_for_generation
         ) as policy:
@@ -507,14 +509,11 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self._prompts_truncated = None
         prompt_id_lists, completion_id_list, _, completions, _, _, _, _ = self._generate(prompts)
         truncated = self._prompts_truncated  # set by `_tokenize_prompts` (None if an override did not)
-        prompt_ids, prompt_mask = left_pad(prompt_id_lists, pad_id, device)
-        prompt_ids = pad_to_multiple(prompt_ids, multiple, pad_id, side="left")
-        prompt_mask = pad_to_multiple(prompt_mask, multiple, 0, side="left")
+        prompt_ids, prompt_mask = left_pad(prompt_id_lists, pad_id, device, multiple)
         end_ids = [*self.eos_token_ids, pad_id]
-        sampled = pad_completions(completion_id_list, pad_id, end_ids, args.mask_truncated_completions, device)
-        full_mask = sampled.full_mask
-        completion_ids = pad_to_multiple(sampled.completion_ids, multiple, pad_id)
-        mask = pad_to_multiple(sampled.mask, multiple, 0)
+        masked = args.mask_truncated_completions
+        sampled = pad_completions(completion_id_list, pad_id, end_ids, masked, device, multiple)
+        completion_ids, full_mask, mask = sampled.completion_ids, sampled.full_mask, sampled.mask
         if self.reward_model_refresh is not None and mode == "train":  # labelled examples for the next update
             self.reward_model_refresh.collect(inputs, prompts, completions, completion_id_list, self.state)
 
@@ -619,7 +618,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         """`(per_token_logps, entropies, aux_loss)` of the last `logits_to_keep` (L) tokens of the `(N, P + L)`
         `input_ids` under `model` at the sampling temperature, `batch_size` rows per forward (see
         `grpo_scoring.score_completions`): `(N, L)` float32 log-probs, `(N, L)` float32 entropies (with a gradient
-        when the entropy bonus is on) or `None`, and the MoE router loss (scalar) or `None`, as in TRL 1.16.
+        when the entropy bonus is on or a subclass overrides the loss) or `None`, and the MoE router loss (scalar) or `None`, as in TRL 1.16.
 
         Raises:
             ValueError: for TRL's vision inputs (`pixel_values`, `image_grid_thw`, ...) that are not `None`.
@@ -627,6 +626,10 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         given = sorted(name for name, value in multimodal_inputs.items() if value is not None)
         if given:
             raise ValueError(f"Vision inputs {given} are not supported here (no vision models).")
+        # The trainer's own loss needs the entropies' gradient only for the entropy bonus (saving its backward
+        # otherwise); a subclass's loss may use them in its own terms, so there they always carry one (as in TRL).
+        own_loss = type(self)._compute_loss is GRPOTrainer._compute_loss
+        own_loss = own_loss and type(self).compute_loss is GRPOTrainer.compute_loss
         scores = score_completions(
             model,
             input_ids,
@@ -636,7 +639,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             batch_size,
             compute_entropy=compute_entropy,
             compute_aux_loss=compute_aux_loss,
-            entropy_grad=compute_entropy and self.entropy_control.enabled,  # only the entropy bonus needs a gradient
+            entropy_grad=compute_entropy and (self.entropy_control.enabled or not own_loss),
             share_prefix=self.args.shared_prefix_scoring,
         )
         return scores.per_token_logps, scores.entropies, scores.aux_loss
@@ -690,12 +693,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             )
             token_mask = keep if token_mask is None else token_mask * keep
         policy = per_token_policy_loss(
-            per_token_logps,
-            old_per_token_logps,
-            inputs["advantages"],
-            mask,
-            token_mask,
-            **{**self.policy_loss_kwargs, "off_policy_mask_threshold": None},  # applied above, through the method
+            per_token_logps, old_per_token_logps, inputs["advantages"], mask, token_mask, **self.policy_loss_kwargs
         )
         per_token_loss = policy.per_token_loss
         if self.beta != 0.0:

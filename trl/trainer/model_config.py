@@ -144,7 +144,10 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.load_in_8bit and self.load_in_4bit:
-            raise ValueError("load_in_8bit and load_in_4bit cannot both be set: choose one precision.")
+            raise ValueError(
+                "You can't use 8 bit and 4 bit precision at the same time: set only one of load_in_8bit and "
+                "load_in_4bit."
+            )
         # `--lora_target_modules all-linear` parses as ["all-linear"]; PEFT only reads the keyword in a plain string.
         if isinstance(self.lora_target_modules, (list, tuple)) and len(self.lora_target_modules) == 1:
             self.lora_target_modules = self.lora_target_modules[0]

@@ -35,6 +35,11 @@ CONFIG_ATTRIBUTES = {
     "top_p": "top_p",
     "use_vllm": "use_vllm",
 }
+# The ones TRL derives from their field rather than copying it.
+DERIVED_ATTRIBUTES = {
+    "chat_template_kwargs": lambda args: args.chat_template_kwargs or {},
+    "epsilon_high": lambda args: args.epsilon if args.epsilon_high is None else args.epsilon_high,
+}
 
 # TRL 1.16 GRPOTrainer methods that this trainer does not have or never calls, with what to override instead.
 UNCALLED_TRL_METHODS = {
@@ -45,9 +50,11 @@ UNCALLED_TRL_METHODS = {
 }
 
 
-def _config_attribute(field: str) -> property:
+def _config_attribute(name: str, field: str) -> property:
+    derive = DERIVED_ATTRIBUTES.get(name, lambda args: getattr(args, field))
+
     def get(self):
-        return getattr(self.args, field)
+        return derive(self.args)
 
     def set_(self, value):
         raise AttributeError(
@@ -81,7 +88,7 @@ class TRLTrainerSurface:
         the entropies of every process's valid tokens (TRL 1.16's signature: the trainer passes `1 −
         top_entropy_quantile`); see `grpo_losses.high_entropy_mask` (arXiv 2506.01939)."""
         gather_all = partial(gather_valid_entropies, self.accelerator)
-        return high_entropy_mask(entropies.detach(), mask, 1.0 - threshold, gather_all)
+        return high_entropy_mask(entropies.detach(), mask, threshold, gather_all)
 
     @staticmethod
     def get_off_policy_mask(
@@ -128,7 +135,7 @@ class TRLTrainerSurface:
 
 
 for _name, _field in CONFIG_ATTRIBUTES.items():
-    setattr(TRLTrainerSurface, _name, _config_attribute(_field))
+    setattr(TRLTrainerSurface, _name, _config_attribute(_name, _field))
 
 
 def check_overrides(trainer_class: type, base: type) -> None:

@@ -63,7 +63,7 @@ def get_peft_config(model_args: ModelConfig):
         return None
     if importlib.util.find_spec("peft") is None:
         raise ValueError(
-            "use_peft needs the `peft` package, which is not installed: run `pip install peft` "
+            "You need to have PEFT library installed for use_peft: run `pip install peft` "
             '(or `pip install "trl[peft]"`).'
         )
     from peft import LoraConfig
