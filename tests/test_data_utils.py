@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 
 import pytest
-from upstream_venv import upstream_trl_python_or_skip
+from upstream_venv import upstream_env, upstream_trl_python_or_skip
 
 import trl
 from trl import data_utils
@@ -230,6 +230,7 @@ def upstream_results(chat_tokenizer_path):
         [python, "-P", "-c", RUNNER],
         input=json.dumps([chat_tokenizer_path, CASES]),
         cwd=tempfile.gettempdir(),  # not this repository: `import trl` must find TRL 1.16
+        env=upstream_env(),
         capture_output=True,
         text=True,
         timeout=120,

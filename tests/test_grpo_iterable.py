@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_grpo_kwargs
 from datasets import Dataset, IterableDataset
 from transformers import AutoModelForCausalLM
-from upstream_venv import upstream_trl_python_or_skip
+from upstream_venv import upstream_env, upstream_trl_python_or_skip
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_inputs import (
@@ -174,7 +174,9 @@ def test_stream_trains_on_the_prompts_trl_trains_on(tiny_lm_path, tmp_path):
     script = tmp_path / "upstream_stream.py"
     script.write_text(UPSTREAM_SCRIPT)
     command = [python, "-P", str(script), tiny_lm_path, json.dumps(kwargs)]
-    done = subprocess.run(command, cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        command, cwd=tempfile.gettempdir(), env=upstream_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     upstream = json.loads(done.stdout.split("RESULT ")[-1])
     trainer, recorder = train(tiny_lm_path, stream(), config(tmp_path, **overrides))
@@ -246,7 +248,10 @@ def test_stream_without_max_steps_raises(tiny_lm_path, tmp_path):
         GRPOTrainer(tiny_lm_path, PromptRecorder(), args=config(tmp_path, max_steps=-1), train_dataset=stream())
     message = str(error.value)
     assert f"IterableDataset, which has no length, so {STREAM_MAX_STEPS_PHRASE}" in message
-    assert "Set GRPOConfig(max_steps=...): each optimizer step trains on 8 completions per process" in message
+    assert (
+        "Set GRPOConfig(max_steps=...) (`--max_steps` on the command line): each optimizer step trains on 8 completions per process"
+        in message
+    )
 
 
 def test_map_style_with_loader_workers_trains_on_the_same_prompts(tiny_lm_path, tmp_path, map_style_run):

@@ -735,3 +735,25 @@ def test_reward_error_on_one_process_gathers_nothing(tiny_lm_path, arithmetic_da
         with pytest.raises(TypeError) as raised:
             trainer._calculate_rewards([{"prompt": "1+1="}], ["1+1="], ["2"], [[5]])
     assert str(raised.value) == BAD_REWARD
+
+
+def test_a_reward_needing_a_missing_column_is_refused_before_training(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """TRL's `accuracy_reward` reads a `solution` column; the arithmetic dataset has `answer`. Before: a `TypeError`
+    from inside the reward pipeline at the first batch, after the model was loaded and the first generation ran."""
+    from trl.rewards import accuracy_reward
+
+    def needs_answer(completions, answer, **kwargs):
+        return [0.0] * len(completions)
+
+    args = GRPOConfig(**grpo_kwargs)
+    expected = (
+        r"Reward function 'accuracy_reward' requires the argument\(s\) \['solution'\], which reward functions receive "
+        r"from the dataset's columns, but train_dataset has only \['answer', 'prompt'\]"
+    )
+    with pytest.raises(ValueError, match=expected):
+        GRPOTrainer(tiny_lm_path, [needs_answer, accuracy_reward], args=args, train_dataset=arithmetic_dataset)
+    eval_dataset = arithmetic_dataset.remove_columns("answer")
+    with pytest.raises(ValueError, match=r"'needs_answer' requires the argument\(s\) \['answer'\].*eval_dataset has"):
+        GRPOTrainer(tiny_lm_path, needs_answer, args=args, train_dataset=arithmetic_dataset, eval_dataset=eval_dataset)
+    trainer = GRPOTrainer(tiny_lm_path, needs_answer, args=args, train_dataset=arithmetic_dataset)  # has `answer`
+    assert trainer.reward_func_names == ["needs_answer"]

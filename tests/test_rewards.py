@@ -10,7 +10,7 @@ import tempfile
 import threading
 
 import pytest
-from upstream_venv import upstream_trl_python_or_skip
+from upstream_venv import upstream_env, upstream_trl_python_or_skip
 
 from trl import rewards
 from trl.rewards import (
@@ -354,6 +354,7 @@ def upstream_values() -> dict:
         [python, "-P", "-c", UPSTREAM_SCRIPT],
         input=json.dumps(UPSTREAM_CASES),
         cwd=tempfile.gettempdir(),  # not this repository: `import trl` must find TRL 1.16
+        env=upstream_env(),
         capture_output=True,
         text=True,
         timeout=120,

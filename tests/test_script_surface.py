@@ -18,7 +18,7 @@ import torch
 from datasets import Dataset, DatasetDict, IterableDataset
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
-from upstream_venv import upstream_trl_python_or_skip
+from upstream_venv import upstream_env, upstream_trl_python_or_skip
 
 from trl import (
     DatasetMixtureConfig,
@@ -80,12 +80,6 @@ def described(cls) -> dict:
     return out
 
 
-def without_pythonpath() -> dict[str, str]:
-    """The environment for TRL 1.16's venv: with this repository on PYTHONPATH, `import trl` would find ours even
-    under `-P`."""
-    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-
-
 @pytest.fixture(scope="module")
 def upstream():
     """TRL 1.16's answers to UPSTREAM_PROBE (one subprocess for the whole module)."""
@@ -95,7 +89,7 @@ def upstream():
         capture_output=True,
         text=True,
         cwd=tempfile.gettempdir(),
-        env={**without_pythonpath(), "OMP_NUM_THREADS": "1"},
+        env={**upstream_env(), "OMP_NUM_THREADS": "1"},
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -462,7 +456,7 @@ def test_trl_1_16_grpo_script_runs_unchanged(tmp_path, tiny_lm_path):
         capture_output=True,
         text=True,
         cwd=tempfile.gettempdir(),
-        env=without_pythonpath(),  # TRL 1.16's file, not ours
+        env=upstream_env(),  # TRL 1.16's file, not ours
     )
     script = found.stdout.strip()
     assert found.returncode == 0 and script.endswith(os.path.join("trl", "scripts", "grpo.py")), found.stderr

@@ -218,9 +218,9 @@ def test_resolve_reward_func(tmp_path):
 
 def test_console_script_usage(capsys):
     assert cli_main([]) == 2
-    assert "usage: trl {grpo,convert-gguf}" in capsys.readouterr().err  # a usage error goes to stderr
+    assert "usage: trl {grpo,convert-gguf,env}" in capsys.readouterr().err  # a usage error goes to stderr
     assert cli_main(["--help"]) == 0
-    assert "usage: trl {grpo,convert-gguf}" in capsys.readouterr().out
+    assert "usage: trl {grpo,convert-gguf,env}" in capsys.readouterr().out
 
 
 def test_shipped_example_yaml_parses():
@@ -516,4 +516,44 @@ def test_accelerate_launch_options_are_one_line_errors(tmp_path, model_dir, data
     assert cli_main([*argv, "--not_a_flag", "1"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "trl grpo: error: Some specified arguments are not used by the HfArgumentParser: ['--not_a_flag', '1']"
+    )
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        (["--loss_type", "foo"], "argument --loss_type/--loss-type: invalid choice: 'foo'"),
+        (["--learning_rate", "abc"], "argument --learning_rate/--learning-rate: invalid float value: 'abc'"),
+    ],
+)
+def test_a_bad_flag_is_one_line(flag, message, capsys):
+    """Before: ~218 lines of usage, then the error."""
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["grpo", "--model_name_or_path", "m", "--dataset_name", "d", *flag])
+    assert exited.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"trl grpo: error: {message}")
+    assert lines[0].endswith("(`trl grpo --help` lists the flags)")
+
+
+def test_trl_env_prints_the_versions(capsys):
+    import torch
+    import transformers
+
+    import trl
+
+    assert cli_main(["env"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"- trl (iterative GRPO fork): {trl.__version__} (")
+    assert f"- torch: {torch.__version__}" in lines and f"- transformers: {transformers.__version__}" in lines
+    assert any(line.startswith("- Python: ") for line in lines) and len(lines) == 4 + 8
+
+
+def test_a_missing_eval_split_says_which_flag_to_change(tmp_path, model_dir, data_path, capsys):
+    argv = cli_argv(model_dir, data_path, tmp_path, "--eval_strategy", "steps", "--eval_steps", "1")
+    assert cli_main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"trl grpo: error: The dataset {data_path!r} has no split 'test'; its splits are ['train']. Evaluation "
+        "(--eval_strategy steps) reads --dataset_test_split ('test'): name a split the dataset has, split a mixture "
+        "with `test_split_size` in the config file, or set --eval_strategy no."
     )

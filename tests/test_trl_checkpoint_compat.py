@@ -9,7 +9,6 @@ differently, so final weights are not compared; the reference a resumed run star
 
 import json
 import logging
-import os
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +18,7 @@ import pytest
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, TrainerCallback
-from upstream_venv import upstream_trl_python_or_skip
+from upstream_venv import upstream_env, upstream_trl_python_or_skip
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_checkpoint import REF_ADAPTER_FILE, REF_MODEL_FILE, REF_SYNC_STATE_FILE
@@ -90,7 +89,7 @@ def run_upstream(
     python: str, model_path, args: dict, resume: str | None = None, lora: bool = False
 ) -> subprocess.CompletedProcess:
     spec = json.dumps({"model": model_path, "args": args, "resume": resume, "prompts": PROMPTS, "lora": lora and LORA})
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = upstream_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return subprocess.run(
         [python, "-P", "-c", UPSTREAM_SCRIPT, spec],
         cwd=tempfile.gettempdir(),  # not this repository: `import trl` must find TRL 1.16

@@ -11,7 +11,6 @@ searches TRL's messages for the same phrases, so the list cannot drift from TRL.
 import dataclasses
 import json
 import logging
-import os
 import re
 import subprocess
 import tempfile
@@ -20,7 +19,7 @@ import pytest
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
-from upstream_venv import upstream_trl_python_or_skip
+from upstream_venv import upstream_env, upstream_trl_python_or_skip
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_losses import aggregate_loss, group_advantages, importance_ratio
@@ -549,17 +548,13 @@ TRL_KINDS["use_transformers_paged"] = "FutureWarning"
 TRL_KINDS["rich_not_installed"] = "ImportError"
 
 
-def without_pythonpath() -> dict[str, str]:
-    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-
-
 def test_key_phrases_are_trl_1_16s(tiny_lm_path, tmp_path):
     python = upstream_trl_python_or_skip()
     done = subprocess.run(
         [python, "-P", "-c", UPSTREAM_SCRIPT, tiny_lm_path, str(tmp_path / "out"), json.dumps(PARSER_FILES)],
         cwd=tempfile.gettempdir(),  # not this repository: `import trl` must find TRL 1.16
         # Without PYTHONPATH: with this repository on it, `import trl` would find ours even under `-P`.
-        env={**without_pythonpath(), "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
+        env={**upstream_env(), "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
         capture_output=True,
         text=True,
         timeout=240,

@@ -18,6 +18,12 @@ UPSTREAM_TRL_VERSION = "1.16.0"
 UPSTREAM_VENV = os.environ.get("TRL_UPSTREAM_VENV", os.path.join(tempfile.gettempdir(), "trl-upstream-tests"))
 
 
+def upstream_env(**extra: str) -> dict[str, str]:
+    """The environment to run the venv's python in: this one without `PYTHONPATH` (with this repository on it,
+    `import trl` would find ours even under `-P`), plus `extra`."""
+    return {**{key: value for key, value in os.environ.items() if key != "PYTHONPATH"}, **extra}
+
+
 def upstream_trl_python() -> str:
     """Path of the venv's python with `trl==1.16.0`, built on first use (needs the package index once).
 
@@ -26,7 +32,7 @@ def upstream_trl_python() -> str:
     """
     python = os.path.join(UPSTREAM_VENV, "bin", "python")
     check = [python, "-P", "-c", f"import trl, sys; sys.exit(trl.__version__ != {UPSTREAM_TRL_VERSION!r})"]
-    if os.path.exists(python) and subprocess.run(check, cwd=tempfile.gettempdir()).returncode == 0:
+    if os.path.exists(python) and subprocess.run(check, cwd=tempfile.gettempdir(), env=upstream_env()).returncode == 0:
         return python
     steps = [
         [sys.executable, "-m", "venv", "--system-site-packages", UPSTREAM_VENV],

@@ -17,11 +17,12 @@ import os
 import sys
 
 
-COMMANDS = ("grpo", "convert-gguf")
-USAGE = """usage: trl {grpo,convert-gguf} ... [--traceback]
+COMMANDS = ("grpo", "convert-gguf", "env")
+USAGE = """usage: trl {grpo,convert-gguf,env} ... [--traceback]
 
   grpo          train with (iterative) GRPO; `trl grpo --help` lists every flag
   convert-gguf  write a GGUF checkpoint as a plain Hugging Face folder; `trl convert-gguf --help`
+  env           print the versions of this package, Python and the libraries it uses (for bug reports)
 
   --traceback   show the full traceback of a configuration error (also: TRL_TRACEBACK=1), which is otherwise
                 printed as one line `trl grpo: error: <message>` (exit status 2)"""
@@ -67,6 +68,36 @@ def convert_gguf_main(argv: list[str]) -> None:
     print(f"wrote {args.output_dir} (from {gguf_path}, {args.dtype})")
 
 
+# The libraries whose versions `trl env` prints, as their distributions are named.
+ENV_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft", "deepspeed", "bitsandbytes", "math-verify")
+
+
+def env_report() -> str:
+    """What `trl env` prints: this package's version and where it is installed, Python, the platform, whether CUDA
+    is available, and the version of each of `ENV_PACKAGES` (`not installed` when missing)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import trl
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    import torch
+
+    lines = [
+        f"trl (iterative GRPO fork): {trl.__version__} ({os.path.dirname(trl.__file__)})",
+        f"Python: {platform.python_version()}",
+        f"Platform: {platform.platform()}",
+        f"CUDA available: {torch.cuda.is_available()}",
+        *(f"{name}: {installed(name)}" for name in ENV_PACKAGES),
+    ]
+    return "\n".join(f"- {line}" for line in lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     show_traceback = wants_traceback(argv)
@@ -77,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trl: unknown command {argv[0]!r}", file=sys.stderr)
         print(USAGE, file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
+    if argv[0] == "env":
+        print(env_report())
+        return 0
     if argv[0] == "convert-gguf":
         convert_gguf_main(argv[1:])
         return 0

@@ -296,13 +296,22 @@ def trainer_from_args(script_args, training_args, model_args, dataset_args) -> G
     reward_funcs = reward_sources(script_args)  # before the slow loading
     training_args.model_init_kwargs = merged_model_init_kwargs(model_args, training_args.model_init_kwargs)
     dataset, name = load_script_dataset(script_args, dataset_args)
-    evaluate = training_args.eval_strategy != "no"
+    train_dataset, eval_dataset = dataset_split(dataset, script_args.dataset_train_split, name), None
+    if training_args.eval_strategy != "no":  # an IntervalStrategy, a str enum
+        try:
+            eval_dataset = dataset_split(dataset, script_args.dataset_test_split, name)
+        except ValueError as error:
+            raise ValueError(
+                f"{error} Evaluation (--eval_strategy {getattr(training_args.eval_strategy, 'value', training_args.eval_strategy)}) reads --dataset_test_split "
+                f"({script_args.dataset_test_split!r}): name a split the dataset has, split a mixture with "
+                "`test_split_size` in the config file, or set --eval_strategy no."
+            ) from error
     return GRPOTrainer(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,
         args=training_args,
-        train_dataset=dataset_split(dataset, script_args.dataset_train_split, name),
-        eval_dataset=dataset_split(dataset, script_args.dataset_test_split, name) if evaluate else None,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )

@@ -216,6 +216,11 @@ class TrlParser(HfArgumentParser):
             )
         super().__init__(dataclass_types=types, **kwargs)
 
+    def error(self, message: str):
+        """A bad flag (unknown, a wrong type, not one of the choices): one line `<prog>: error: <message>` on stderr
+        and exit status 2, as argparse, but without the usage of every flag (hundreds of lines for `trl grpo`)."""
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the flags)\n")
+
     def parse_args_and_config(
         self,
         args: Iterable[str] | None = None,

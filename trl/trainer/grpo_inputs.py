@@ -340,7 +340,7 @@ def check_stream_settings(args, train_dataset, eval_dataset=None) -> None:
         raise ValueError(
             f"The train_dataset is an IterableDataset, which has no length, so {STREAM_MAX_STEPS_PHRASE} (the "
             "total number of steps bounds the training loop and the learning rate schedule). Set "
-            f"GRPOConfig(max_steps=...): each optimizer step trains on {per_step} completions per process "
+            f"GRPOConfig(max_steps=...) (`--max_steps` on the command line): each optimizer step trains on {per_step} completions per process "
             f"(per_device_train_batch_size × gradient_accumulation_steps, {args.num_generations} per prompt); a "
             "stream that ends before max_steps is read again from its start."
         )

@@ -668,3 +668,44 @@ def raise_on_every_process(num_processes: int, gather_object: Callable[[list], l
     if failed:
         rank, (kind, message) = failed[0]
         raise (TypeError if kind == "TypeError" else ValueError)(f"reward function error on process {rank}: {message}")
+
+
+# What the trainer passes to every reward function besides the dataset's other columns.
+TRAINER_REWARD_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+def check_reward_columns(reward_funcs: list, reward_func_names: list[str], datasets: list[tuple[str, Any]]) -> None:
+    """Raise before training when a reward function requires a keyword argument that neither the trainer nor a
+    dataset provides (e.g. TRL's `accuracy_reward` on a dataset without a `solution` column), instead of a
+    `TypeError` at the first batch. Reward models, and datasets whose columns are unknown (some streams), are skipped.
+
+    Args:
+        reward_funcs, reward_func_names: as loaded by `load_reward_funcs`.
+        datasets: `(name, dataset)` pairs; a dataset's other columns reach reward functions as keyword arguments.
+
+    Raises:
+        ValueError: naming the function, the missing column(s), the dataset and the columns it has.
+    """
+    for func, name in zip(reward_funcs, reward_func_names):
+        if isinstance(func, nn.Module) or not callable(func):
+            continue
+        try:
+            parameters = inspect.signature(func).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable without a signature
+            continue
+        required = [
+            p.name for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        for dataset_name, dataset in datasets:
+            columns = getattr(dataset, "column_names", None)
+            if columns is None:
+                continue
+            given = {*TRAINER_REWARD_KWARGS, *columns} - {"prompt", "completion"}  # (see `grpo_inputs.reward_columns`)
+            missing = [arg for arg in required if arg not in given]
+            if missing:
+                raise ValueError(
+                    f"Reward function {name!r} requires the argument(s) {missing}, which reward functions receive from "
+                    f"the dataset's columns, but {dataset_name} has only {sorted(columns)}: add the column(s) (e.g. "
+                    "a `solution` column for `accuracy_reward`), or use a reward function that reads the columns there "
+                    "are."
+                )

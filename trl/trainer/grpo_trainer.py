@@ -92,6 +92,7 @@ from .grpo_rewards import (
     RewardLogHooks,
     aggregate_rewards,
     call_reward_funcs,
+    check_reward_columns,
     is_async_reward_func,
     load_reward_funcs,
     raise_on_every_process,
@@ -205,6 +206,9 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self._reward_loop = RewardEventLoop() if any(map(is_async_reward_func, self.reward_funcs)) else None
         self._reward_hooks = RewardLogHooks()
         check_prompt_datasets(train_dataset, eval_dataset)
+        evals = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
+        named = [("train_dataset", train_dataset), *((k, d) for k, d in evals if d is not None)]
+        check_reward_columns(self.reward_funcs, self.reward_func_names, named)
         check_stream_settings(args, train_dataset, eval_dataset)  # before the accelerator is built
 
         # Reference model: a frozen copy, a frozen adapter of a PEFT policy, or (None, None) (see `make_reference`)
