@@ -325,7 +325,9 @@ def test_cli_config_errors_are_one_line(tmp_path, model_dir, data_path, capsys):
         ),
         (  # the test split is read only when evaluation is on, as in TRL
             ["--eval_strategy", "steps", "--dataset_test_split", "validation"],
-            f"The dataset '{data_path}' has no split 'validation'; its splits are ['train'].",
+            f"The dataset '{data_path}' has no split 'validation'; its splits are ['train']. Evaluation (--eval_strategy "
+            "steps) reads --dataset_test_split ('validation'): name a split the dataset has, split a mixture with "
+            "`test_split_size` in the config file, or set --eval_strategy no.",
         ),
         (["--model_init_kwargs", "[1]"], "--model_init_kwargs must be a JSON object, got [1]."),
     ]
