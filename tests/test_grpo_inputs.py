@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.data_utils import is_conversational
-from trl.trainer.grpo_generation import completion_id_lists, pad_completions
+from trl.trainer.grpo_generation import completion_id_lists, left_pad, pad_completions
 from trl.trainer.grpo_inputs import (
     RepeatSampler,
     derived_seed,
@@ -117,7 +117,8 @@ UPSTREAM_TOKENS = {
 def test_prompt_ids_match_trl_for_every_tokenizer_family(case):
     family, kind = case.split("/")
     tokenizer = build_tokenizer(family)
-    prompt_ids, prompt_mask, truncated = tokenize_prompts(tokenizer, STANDARD if kind == "standard" else CHATS)
+    ids, truncated = tokenize_prompts(tokenizer, STANDARD if kind == "standard" else CHATS)
+    prompt_ids, prompt_mask = left_pad(ids, tokenizer.pad_token_id)
     expected = [tokenizer.convert_tokens_to_ids(tokens) for tokens in UPSTREAM_TOKENS[case]]
     width = max(map(len, expected))
     assert prompt_ids.tolist() == [[tokenizer.pad_token_id] * (width - len(row)) + row for row in expected]
@@ -129,7 +130,8 @@ def test_prompt_ids_match_trl_for_every_tokenizer_family(case):
 def test_max_prompt_length_keeps_the_last_tokens_and_warns_with_counts(caplog):
     tokenizer = build_tokenizer("llama")
     with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_inputs"):
-        prompt_ids, prompt_mask, truncated = tokenize_prompts(tokenizer, STANDARD, max_prompt_length=3)
+        ids, truncated = tokenize_prompts(tokenizer, STANDARD, max_prompt_length=3)
+    prompt_ids, prompt_mask = left_pad(ids, tokenizer.pad_token_id)
     assert truncated.tolist() == [False, True]
     assert prompt_ids.tolist() == [[2, 1, 4], tokenizer.convert_tokens_to_ids(QUESTION[-3:])]  # pad = EOS = 2
     assert prompt_mask.tolist() == [[0, 1, 1], [1, 1, 1]]

@@ -137,8 +137,8 @@ def tokenize_prompts(
     prompts: list,
     max_prompt_length: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token ids of a batch of prompts, left-padded, exactly as TRL 1.16 tokenizes them.
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Token ids of a batch of prompts, exactly as TRL 1.16 tokenizes them (unpadded: `grpo_generation.left_pad` pads).
 
     Standard (text) prompts go through `tokenizer(text)`, which adds the tokenizer's special tokens (the BOS of
     Llama-style tokenizers). Conversational prompts (lists of messages) go through `apply_chat_template` with the
@@ -152,8 +152,7 @@ def tokenize_prompts(
         chat_template_kwargs: extra keyword arguments for the chat template (e.g. `{"enable_thinking": False}`).
 
     Returns:
-        `(prompt_ids, prompt_mask, truncated)`: `(B, P)` int64 ids left-padded with the pad token, the `(B, P)`
-        int64 attention mask, and a `(B,)` bool tensor of the prompts that were cut.
+        `(prompt_ids, truncated)`: B lists of token ids, and a `(B,)` bool tensor of the prompts that were cut.
     """
     conversational = isinstance(prompts[0], list)
     if conversational:
@@ -171,10 +170,7 @@ def tokenize_prompts(
             "max_prompt_length=None to keep prompts whole."
         )
         ids = [row[-max_prompt_length:] for row in ids]
-    width = max(len(row) for row in ids)
-    prompt_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(row)) + row for row in ids], dtype=torch.long)
-    prompt_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in ids], dtype=torch.long)
-    return prompt_ids, prompt_mask, truncated
+    return ids, truncated
 
 
 def split_tensor_dict(batch: dict[str, Any], num_chunks: int) -> list[dict[str, Any]]:

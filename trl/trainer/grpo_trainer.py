@@ -450,10 +450,10 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         `chat_template_kwargs`, see `grpo_inputs.tokenize_prompts`), `images` `None` and `multimodal_fields` `{}`
         (no vision models here). With `max_prompt_length`, prompts keep their last tokens and the cut rows are
         recorded for the `prompts/truncated_ratio` metric."""
-        ids, mask, self._prompts_truncated = tokenize_prompts(
+        ids, self._prompts_truncated = tokenize_prompts(
             self.processing_class, prompts, self.max_prompt_length, self.args.chat_template_kwargs
         )
-        return [row[m.bool()].tolist() for row, m in zip(ids, mask)], None, {}
+        return ids, None, {}
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL 1.16's sampling step: one completion per row of `prompt_ids` (N lists of ids; each prompt already
