@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test slow_tests benchmark reproduce reproduce-rm reproduce-real lint clean
+.PHONY: setup demo test parity_tests slow_tests benchmark reproduce reproduce-rm reproduce-real lint clean
 
 TORCH_INDEX ?=
 
@@ -21,7 +21,12 @@ demo: setup
 	$(PYTHON) examples/iterative_grpo_demo.py --output_dir demo_output
 
 test: setup
-	$(PYTHON) -m pytest -m "not slow" tests
+	$(PYTHON) -m pytest -m "not slow and not parity" tests
+
+# The checks that run TRL 1.16.0 itself (installed into a separate venv from PyPI, ~1 min the first time, kept in
+# $TMPDIR/trl-upstream-tests) and compare: config fields, messages, data utilities, rewards, checkpoints, its script.
+parity_tests: setup
+	$(PYTHON) -m pytest -m "parity and not slow" tests
 
 # The slow suite on SmolLM2-135M-Instruct: bf16 on a GPU; TRL_SLOW_TESTS_ON_CPU=1 runs it on the CPU (fp32, smaller
 # runs, ~4 min on 2 shared cores), plus every benchmarks/ script's --smoke run (tests/slow/test_benchmarks_smoke.py:

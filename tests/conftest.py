@@ -24,9 +24,17 @@ from trl.models.tiny import build_tiny_causal_lm, build_tiny_reward_model  # noq
 from trl.tasks import arithmetic_corpus, make_arithmetic_dataset  # noqa: E402
 
 
+# Module fixtures that run TRL 1.16 in its own venv (tests/upstream_venv.py): a test using one is a `parity` test.
+UPSTREAM_FIXTURES = {"upstream_results", "upstream_values", "upstream", "upstream_python"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """`slow` tests run on a GPU, or on the CPU when TRL_SLOW_TESTS_ON_CPU=1 (fp32, smaller runs: see
-    tests/slow/test_grpo_slow.py); otherwise they are skipped."""
+    """Tests that run TRL 1.16 itself (a fixture of `UPSTREAM_FIXTURES`, or marked) are marked `parity` (`make
+    parity_tests`, run by CI after `make test`). `slow` tests run on a GPU, or on the CPU when
+    TRL_SLOW_TESTS_ON_CPU=1 (fp32, smaller runs: see tests/slow/test_grpo_slow.py); otherwise they are skipped."""
+    for item in items:
+        if UPSTREAM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.parity)
     if torch.cuda.is_available() or os.environ.get("TRL_SLOW_TESTS_ON_CPU") == "1":
         return
     skip = pytest.mark.skip(reason="slow: no CUDA device here (TRL_SLOW_TESTS_ON_CPU=1 runs it on the CPU)")

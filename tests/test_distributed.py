@@ -1,5 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Reference syncing on 2 CPU processes (gloo): DDP, DeepSpeed ZeRO-2/3 and raw FSDP2, plus the accelerate configs.
+"""Reference syncing on 2 CPU processes (gloo): DDP and DeepSpeed ZeRO-2/3, plus the accelerate configs (FSDP2:
+tests/test_fsdp2.py).
 
 Each launch runs `tests/distributed_workers/sync_worker.py` under `torchrun --nproc_per_node 2` once per module and
 the tests assert on the JSON every rank writes. The DeepSpeed CPU communication op is JIT-compiled once (~40 s on a
@@ -45,20 +46,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(mode: str, model_dir: str, out_dir, timeout: int = 150, worker: str = WORKER, extra=()) -> list[dict]:
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+
+
+def accelerate_launch(config: str) -> tuple[str, ...]:
+    """`accelerate launch` with `trl/accelerate_configs/<config>` on 2 processes, full precision, a free port."""
+    config_file = os.path.join(ROOT, "trl", "accelerate_configs", config)
+    return ("-m", "accelerate.commands.launch", "--config_file", config_file, "--num_processes", "2")
+
+
+def _launch(
+    mode: str, model_dir: str, out_dir, timeout: int = 150, worker: str = WORKER, extra=(), launcher=TORCHRUN
+) -> list[dict]:
     """Run the worker on 2 processes; return each rank's JSON (rank 0 first).
 
-    `--standalone` lets the rendezvous pick a free port itself. A launch that fails is retried once: gloo's
-    teardown has been seen to abort a process after all results were written (1 run in ~70), which says nothing
-    about the code under test; a real failure fails twice.
+    `launcher`: `TORCHRUN` (`--standalone` lets the rendezvous pick a free port itself) or `accelerate_launch(...)`,
+    which gets a free port here. A launch that fails is retried once: gloo's teardown has been seen to abort a
+    process after all results were written (1 run in ~70), which says nothing about the code under test; a real
+    failure fails twice.
     """
+    if launcher is not TORCHRUN:
+        launcher = (*launcher, "--mixed_precision", "no", "--main_process_port", str(_free_port()))
     command = [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
+        *launcher,
         worker,
         mode,
         model_dir,
@@ -135,11 +146,6 @@ def test_zero3_lora_reference_adapter_syncs_its_partitions(zero3_lora_results):
         assert rank["equal"]  # after the hard sync at step 4: gathered "ref" adapter == gathered policy adapter
 
 
-@pytest.fixture(scope="module")
-def fsdp2_results(model_dir, tmp_path_factory):
-    return _launch("fsdp2", model_dir, tmp_path_factory.mktemp("fsdp2"))
-
-
 def _assert_exact_syncs(records: list[dict], expected_steps: list[int]) -> None:
     assert [r["step"] for r in records] == expected_steps
     for r in records:
@@ -196,26 +202,6 @@ def test_zero3_partition_mismatch_falls_back_warns_once_and_is_exact(zero3_resul
     for case in ("policy_zero3_ref_plain", "policy_plain_ref_zero3"):
         sums = [[r["checksum"] for r in rank["mismatch"][case]["syncs"]] for rank in zero3_results]
         assert sums[0] == sums[1]
-
-
-def test_fsdp2_local_shards_sync_matches_unsharded_formula(fsdp2_results):
-    for rank in fsdp2_results:
-        result = rank["matched"]
-        assert result["dtensor_params"] > 0 and result["fallback"] == 0
-        assert result["warnings_total"] == 0 and result["forward_finite"]
-        for r in result["syncs"]:
-            assert r["max_error"] <= 1e-6 and r["policy_ref_gap"] > 1e-3
-            assert r["collectives"] == 0 and r["profiler_collectives"] == 0, r["profiler_names"]
-    assert fsdp2_results[0]["matched"]["syncs"][-1]["checksum"] == fsdp2_results[1]["matched"]["syncs"][-1]["checksum"]
-
-
-def test_fsdp2_placement_mismatch_falls_back_warns_once_and_is_exact(fsdp2_results):
-    for rank in fsdp2_results:
-        result = rank["mismatch"]
-        assert result["fallback"] > 0 and result["local"] > 0  # 2-D weights differ (Shard(1)); 1-D ones line up
-        assert result["warnings_total"] == 1 and NOT_SAME_PARTITIONING in result["syncs"][0]["warnings"][0]
-        for r in result["syncs"]:
-            assert r["max_error"] <= 1e-6 and r["collectives"] > 0
 
 
 @pytest.mark.parametrize(

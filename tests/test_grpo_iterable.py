@@ -164,6 +164,7 @@ print("RESULT", json.dumps({"calls": calls, "settings": settings}))
 """
 
 
+@pytest.mark.parity
 def test_stream_trains_on_the_prompts_trl_trains_on(tiny_lm_path, tmp_path):
     """TRL 1.16 and this trainer, from the same shuffled stream with 2 loader workers asked for: both read it with
     none, and train on the same prompts, in the same groups, at each of 3 steps."""

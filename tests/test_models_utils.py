@@ -11,6 +11,7 @@ from trl.models.utils import (
     PathNotFoundError,
     _inference_deepspeed_config,
     adapter_parameters,
+    check_distributed_setup,
     disable_dropout_in_model,
     explain_missing_path,
     load_policy,
@@ -200,3 +201,39 @@ def test_explain_missing_path_leaves_existing_paths_and_other_errors_alone(tmp_p
             raise KeyError("x")
     with explain_missing_path(str(tmp_path / "missing")):  # nothing raised: nothing to explain
         pass
+
+
+class FakeAccelerator:
+    def __init__(self, num_processes: int, distributed_type: str):
+        from accelerate.utils import DistributedType
+
+        self.num_processes, self.distributed_type = num_processes, DistributedType(distributed_type)
+
+
+def test_processes_launched_but_not_distributed_are_refused(monkeypatch):
+    """`accelerate launch` on 2 CPU processes without use_cpu leaves each process alone (distributed_type NO)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(
+        ValueError,
+        match=r"2 processes were launched \(WORLD_SIZE=2\) but accelerate set this one up "
+        r"alone \(distributed_type NO\).*set `use_cpu=True`",
+    ):
+        check_distributed_setup(FakeAccelerator(1, "NO"))
+    check_distributed_setup(FakeAccelerator(2, "MULTI_CPU"))  # launched and distributed
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check_distributed_setup(FakeAccelerator(1, "NO"))  # one process
+
+
+def test_fsdp_dropped_on_cpu_processes_is_a_warning(monkeypatch):
+    from trl.models import utils
+
+    messages = []
+    monkeypatch.setattr(utils.logger, "warning", messages.append)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    check_distributed_setup(FakeAccelerator(2, "MULTI_CPU"))
+    assert len(messages) == 1 and "accelerate does not shard on CPU processes: this run is DDP" in messages[0]
+    check_distributed_setup(FakeAccelerator(2, "FSDP"))
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
+    check_distributed_setup(FakeAccelerator(2, "MULTI_CPU"))
+    assert len(messages) == 1

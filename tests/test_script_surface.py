@@ -446,6 +446,7 @@ def test_cli_mixture_from_yaml_with_local_paths(tmp_path, tiny_lm_path, two_file
     assert sorted([*train, *test]) == ["a0", "a1", "a2", "b0", "b1", "c0"]
 
 
+@pytest.mark.parity
 def test_trl_1_16_grpo_script_runs_unchanged(tmp_path, tiny_lm_path):
     """TRL 1.16's own `trl/scripts/grpo.py` (read from its venv, not copied) with this package as `trl`: it
     parses its flags, loads a local dataset folder, imports a reward by dotted path from the current folder,

@@ -548,6 +548,7 @@ TRL_KINDS["use_transformers_paged"] = "FutureWarning"
 TRL_KINDS["rich_not_installed"] = "ImportError"
 
 
+@pytest.mark.parity
 def test_key_phrases_are_trl_1_16s(tiny_lm_path, tmp_path):
     python = upstream_trl_python_or_skip()
     done = subprocess.run(

@@ -1,7 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Worker for tests/test_distributed.py, started with `torchrun --nproc_per_node 2` (gloo, CPU).
 
-    sync_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, zero3_lora, fsdp2}
+    sync_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, zero3_lora}
 
 Each rank checks every reference sync against the formula on gathered tensors and writes what it measured to
 `OUT_DIR/<mode>_rank<r>.json`; the test asserts on those numbers. The gathering done for checking happens outside
@@ -92,6 +92,8 @@ def count_collectives():
     ]
     counts["profiler_events"] = len(events)
     counts["profiler_names"] = sorted(set(events))[:10]
+    # FSDP2 all-gathers run in C++ (no Python collective to count): one "FSDP::all_gather (<modules>)" event each
+    counts["fsdp_all_gathers"] = sum(e.name.startswith("FSDP::all_gather (") for e in profiler.events())
 
 
 def full_state(model) -> dict[str, torch.Tensor]:
@@ -157,8 +159,9 @@ def digits_reward(completions, **kwargs):  # varied rewards, so the policy moves
     return [sum(c.isdigit() for c in text) + 0.1 * len(text) for text in completions]
 
 
-def grpo_config(run_dir: str, zero_stage: int | None, alpha: float):
-    """The GRPO run every worker mode trains: 4 steps, τ = TAU, on 2 processes; DeepSpeed when `zero_stage` is set."""
+def grpo_config(run_dir: str, zero_stage: int | None, alpha: float, **overrides):
+    """The GRPO run every worker mode trains: 4 steps, τ = TAU, on 2 processes; DeepSpeed when `zero_stage` is set;
+    `overrides` replace any of these settings."""
     from trl import GRPOConfig
 
     extra = {}
@@ -170,7 +173,7 @@ def grpo_config(run_dir: str, zero_stage: int | None, alpha: float):
             "train_batch_size": "auto",
             "gradient_clipping": "auto",
         }
-    return GRPOConfig(
+    settings = dict(
         output_dir=run_dir,
         per_device_train_batch_size=4,
         num_generations=4,
@@ -189,8 +192,8 @@ def grpo_config(run_dir: str, zero_stage: int | None, alpha: float):
         disable_tqdm=True,
         logging_steps=1,
         seed=0,
-        **extra,
     )
+    return GRPOConfig(**{**settings, **extra, **overrides})
 
 
 def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
@@ -369,7 +372,6 @@ def run_fsdp2(model_dir: str) -> dict:
 
     from trl import SyncRefModelCallback
 
-    dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 
     class State:
@@ -462,14 +464,11 @@ def full_state_of(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def main() -> None:
     mode, model_dir, out_dir = sys.argv[1:4]
     torch.manual_seed(0)
-    if mode == "fsdp2":
-        result = run_fsdp2(model_dir)
-    else:
-        if mode.startswith("zero"):  # DeepSpeed's comm layer must know the world before from_pretrained partitions
-            import deepspeed
+    if mode.startswith("zero"):  # DeepSpeed's comm layer must know the world before from_pretrained partitions
+        import deepspeed
 
-            deepspeed.init_distributed(dist_backend="gloo")
-        result = run_zero3_lora(model_dir, out_dir) if mode == "zero3_lora" else run_grpo(mode, model_dir, out_dir)
+        deepspeed.init_distributed(dist_backend="gloo")
+    result = run_zero3_lora(model_dir, out_dir) if mode == "zero3_lora" else run_grpo(mode, model_dir, out_dir)
     finish(mode, out_dir, result)
 
 

@@ -12,9 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging
 
 from .gguf import dense_gguf_kwargs, drop_dequantized_gguf_quantizer
 
+
+logger = logging.get_logger(__name__)
 
 # Where the transformer blocks of common architectures live; `{layer}` is the block index.
 LAYER_PATTERNS = (
@@ -246,23 +249,112 @@ def disable_dropout_in_model(model: nn.Module) -> None:
 
 @contextmanager
 def unwrap_model_for_generation(model: nn.Module, accelerator, gather_deepspeed3_params: bool = True):
-    """Yield the bare policy for `generate`, gathering ZeRO-3 partitions for the duration if asked.
+    """Yield the bare policy for `generate`, with its sharded weights gathered once for the duration if asked.
 
     Args:
-        model: the policy as wrapped by `accelerator.prepare` (DDP, DeepSpeed engine, ...).
+        model: the policy as wrapped by `accelerator.prepare` (DDP, DeepSpeed engine, FSDP2 module, ...).
         accelerator: the `accelerate.Accelerator` that wrapped it.
-        gather_deepspeed3_params: under ZeRO-3, gather all weights once (fast generation, full-model memory)
-            instead of letting every forward gather layer by layer.
+        gather_deepspeed3_params: under ZeRO-3 and FSDP2, gather all weights once (fast generation, full-model
+            memory on every rank) instead of letting every forward, i.e. every decode step, gather them layer by
+            layer (see `fsdp2_gathered`).
     """
     unwrapped = accelerator.unwrap_model(model)
     deepspeed_plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if deepspeed_plugin is None or deepspeed_plugin.zero_stage != 3 or not gather_deepspeed3_params:
+    if not gather_deepspeed3_params:
         yield unwrapped
-        return
-    import deepspeed
+    elif deepspeed_plugin is not None and deepspeed_plugin.zero_stage == 3:
+        import deepspeed
 
-    with deepspeed.zero.GatheredParameters(list(model.parameters())):
-        yield unwrapped
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            yield unwrapped
+    else:
+        with fsdp2_gathered(unwrapped):
+            yield unwrapped
+
+
+def fsdp2_modules(model: nn.Module) -> list:
+    """One `fully_shard`-ed module of `model` per FSDP2 state, outermost (the root) first; `[]` when there are none.
+
+    `fully_shard([a, b])` gives several modules one state (accelerate 1.15 shards a model's embedding, final norm and
+    LM head together, and the root module's state holds no parameters of its own)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2
+        return []
+    modules, states = [], set()
+    for module in model.modules():
+        if isinstance(module, FSDPModule) and id(module._get_fsdp_state()) not in states:
+            states.add(id(module._get_fsdp_state()))
+            modules.append(module)
+    return modules
+
+
+# The private FSDP2 state that `fsdp2_gathered` reads to restore each module's reshard-after-forward setting.
+_FSDP2_STATE_ATTRIBUTES = ("_lazy_init", "_auto_reshard_after_forward", "_fsdp_param_groups")
+
+
+@contextmanager
+def fsdp2_gathered(model: nn.Module):
+    """Keep every FSDP2 (`fully_shard`) module of `model` unsharded for the block: one all-gather per parameter
+    group on entry, none in the block's forwards, and the shards alone again on exit (a no-op without FSDP2).
+
+    FSDP2 all-gathers a module's parameters at each forward and, with `reshard_after_forward` (accelerate's
+    default), frees them after it, so `generate` would gather every layer again at every decode step (TRL 1.16 does
+    so). Here the modules stop resharding after forward for the block and each module's own setting (FSDP2 gives the
+    root `False`) is restored on exit, also when the block or a gather raises. That setting has no public getter:
+    when this torch version lacks the private attributes read for it (`_FSDP2_STATE_ATTRIBUTES`), the block runs as
+    FSDP2 would anyway (every forward gathers).
+    """
+    modules = fsdp2_modules(model)
+    states = [module._get_fsdp_state() for module in modules]
+    if not all(hasattr(state, name) for state in states for name in _FSDP2_STATE_ATTRIBUTES):
+        yield model
+        return
+    if states:
+        states[0]._lazy_init()  # FSDP2 decides the root's setting at the root's first forward: decide it now
+    changed = []
+    try:
+        for module, state in zip(modules, states):
+            mesh_infos = [group.post_forward_mesh_info for group in state._fsdp_param_groups]
+            changed.append((module, state, state._auto_reshard_after_forward, mesh_infos))
+            module.set_reshard_after_forward(False, recurse=False)
+            module.unshard()
+        yield model
+    finally:
+        for module, state, auto, mesh_infos in changed:
+            state._auto_reshard_after_forward = auto
+            for group, mesh_info in zip(state._fsdp_param_groups, mesh_infos):
+                group.post_forward_mesh_info = mesh_info
+            module.reshard()
+
+
+def check_distributed_setup(accelerator) -> None:
+    """Refuse a launch whose processes would each train alone, and warn when accelerate drops FSDP on CPU processes.
+
+    `accelerate launch` (or `torchrun`) with several processes on a machine without GPUs and without `use_cpu`
+    leaves accelerate with no distributed setup at all: every process trains its own copy on the whole dataset and
+    they write the same output folder, with no error (measured with accelerate 1.15). With `use_cpu`, accelerate runs
+    CPU processes with gloo as DDP and ignores an FSDP config (it enables FSDP for GPU-like devices only).
+
+    Raises:
+        ValueError: if the environment says `WORLD_SIZE` > 1 but `accelerator.num_processes` is 1.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and accelerator.num_processes == 1:
+        raise ValueError(
+            f"{world_size} processes were launched (WORLD_SIZE={world_size}) but accelerate set this one up alone "
+            f"(distributed_type {accelerator.distributed_type.value}), so each process would train its own copy on "
+            "the whole dataset. On a machine without GPUs set `use_cpu=True` (`--use_cpu` on the command line, or "
+            "`use_cpu: true` in the accelerate config) to train the processes together with gloo; with GPUs, start "
+            "the processes with `accelerate launch` or `torchrun` (which set LOCAL_RANK) and check that each one "
+            "sees a GPU (CUDA_VISIBLE_DEVICES)."
+        )
+    fsdp_asked = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if fsdp_asked and accelerator.distributed_type.value == "MULTI_CPU":
+        logger.warning(
+            "FSDP was asked for (ACCELERATE_USE_FSDP=true) but accelerate does not shard on CPU processes: this run "
+            "is DDP, with the whole policy and reference on every process."
+        )
 
 
 def prepare_inference_model(model: nn.Module, accelerator) -> nn.Module:

@@ -323,7 +323,8 @@ class LogCompletionsCallback(TrainerCallback):
         completions = []
         padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
         try:
-            with unwrap_model_for_generation(self.trainer.model_wrapped, accelerator) as model:
+            gather = self.trainer.args.ds3_gather_for_generation  # the trainer's own memory/speed choice
+            with unwrap_model_for_generation(self.trainer.model_wrapped, accelerator, gather) as model:
                 was_training = model.training
                 model.eval()
                 try:

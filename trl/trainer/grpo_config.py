@@ -78,8 +78,10 @@ class GRPOConfig(TrainingArguments):
             Global number of completions generated at once. Must be a multiple of
             `per_device_train_batch_size × num_processes`; sets `steps_per_generation`.
         ds3_gather_for_generation (`bool`, *optional*, defaults to `True`):
-            Under DeepSpeed ZeRO-3, gather the policy weights once for generation (fast) instead of generating
-            with partitioned weights (slow, but fits models larger than one device).
+            Under DeepSpeed ZeRO-3 and FSDP2, gather the policy weights for generation (fast) instead of generating
+            with sharded weights that every forward gathers layer by layer (slow, but fits models larger than one
+            device). Under FSDP2 each parameter group is gathered once per generation call; TRL 1.16 reads this
+            field under ZeRO-3 only.
         pad_to_multiple_of (`int`, `str` or `None`, *optional*, defaults to `"auto"`):
             Pad the prompt ids (on the left) and the completion ids (on the right) to a multiple of this many tokens;
             the padding is masked out. `"auto"` pads to multiples of 128 on AWS Neuron devices (which compile once
@@ -320,7 +322,7 @@ class GRPOConfig(TrainingArguments):
         default=None, metadata={"help": "Global completions per generation batch; sets steps_per_generation."}
     )
     ds3_gather_for_generation: bool = field(
-        default=True, metadata={"help": "Under ZeRO-3, gather the policy weights for generation."}
+        default=True, metadata={"help": "Under ZeRO-3 and FSDP2, gather the policy weights for generation."}
     )
     pad_to_multiple_of: int | str | None = field(
         default="auto",

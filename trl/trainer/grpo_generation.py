@@ -10,6 +10,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.generation import GenerationMode
 from transformers.utils import logging
 
+from ..models.utils import fsdp2_modules
 from .grpo_config import GENERATION_IMPLEMENTATIONS
 from .grpo_losses import completion_mask, pad_to_multiple
 from .layouts import PLAIN, ZERO3, parameter_layouts
@@ -126,7 +127,7 @@ def sample_completions(
 
     Args:
         model: a causal LM (or a PEFT model around one); put in eval mode for the call, then restored. Runs under
-            `torch.inference_mode()` (`torch.no_grad()` for ZeRO-3 or DTensor parameters).
+            `torch.inference_mode()` (`torch.no_grad()` for ZeRO-3 or DTensor parameters and FSDP2 modules).
         prompt_ids, prompt_mask: `(N, P)` left-padded prompts and their attention mask.
         generation_config: passed to `generate` unchanged.
         implementation: one of `GENERATION_IMPLEMENTATIONS`.
@@ -141,7 +142,8 @@ def sample_completions(
         raise ValueError(
             f"generation_implementation must be one of {GENERATION_IMPLEMENTATIONS}, got {implementation!r}."
         )
-    sharded = parameter_layouts(model) != {PLAIN}
+    # FSDP2 modules count as sharded also while `fsdp2_gathered` holds their parameters unsharded
+    sharded = parameter_layouts(model) != {PLAIN} or bool(fsdp2_modules(model))
     share = implementation == "shared_prefix"
     if share:
         blocker = shared_prefix_blocker(model, prompt_ids, prompt_mask, generation_config)
@@ -153,8 +155,8 @@ def sample_completions(
     model.eval()  # dropout off, and the KV cache is used even with gradient checkpointing
     try:
         # inference mode: no autograd bookkeeping at all (~7 % less CPU time in `generate` for a small model, same
-        # kernels and tokens); sharded parameters keep `no_grad`, as their gather/reshard hooks write tensors that
-        # must stay usable outside inference mode
+        # kernels and tokens); sharded parameters (and FSDP2 modules) keep `no_grad`, as their gather/reshard hooks
+        # write tensors that must stay usable outside inference mode
         with torch.no_grad() if sharded else torch.inference_mode():
             cache = shared_prefix_cache(model, prompt_ids, prompt_mask) if share else None
             kwargs = {} if cache is None else {"cache": cache}

@@ -23,6 +23,7 @@ from transformers.utils import logging
 
 from ..data_utils import is_conversational
 from ..models.utils import (
+    check_distributed_setup,
     disable_dropout_in_model,
     load_policy,
     load_tokenizer,
@@ -255,6 +256,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        check_distributed_setup(self.accelerator)
         # Losses are means over the micro-batch: let Trainer divide by the accumulation steps.
         self.model_accepts_loss_kwargs = False
         # One dataloader item = one local generation batch (see RepeatSampler).
