@@ -208,6 +208,7 @@ class FakeAccelerator:
         from accelerate.utils import DistributedType
 
         self.num_processes, self.distributed_type = num_processes, DistributedType(distributed_type)
+        self.is_main_process = True
 
 
 def test_processes_launched_but_not_distributed_are_refused(monkeypatch):
@@ -216,7 +217,7 @@ def test_processes_launched_but_not_distributed_are_refused(monkeypatch):
     with pytest.raises(
         ValueError,
         match=r"2 processes were launched \(WORLD_SIZE=2\) but accelerate set this one up "
-        r"alone \(distributed_type NO\).*set `use_cpu=True`",
+        r"alone \(distributed_type NO\).*set `use_cpu=True` in the GRPOConfig",
     ):
         check_distributed_setup(FakeAccelerator(1, "NO"))
     check_distributed_setup(FakeAccelerator(2, "MULTI_CPU"))  # launched and distributed

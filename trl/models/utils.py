@@ -334,7 +334,8 @@ def check_distributed_setup(accelerator) -> None:
     `accelerate launch` (or `torchrun`) with several processes on a machine without GPUs and without `use_cpu`
     leaves accelerate with no distributed setup at all: every process trains its own copy on the whole dataset and
     they write the same output folder, with no error (measured with accelerate 1.15). With `use_cpu`, accelerate runs
-    CPU processes with gloo as DDP and ignores an FSDP config (it enables FSDP for GPU-like devices only).
+    CPU processes with gloo as DDP and ignores an FSDP config (it enables FSDP for GPU-like devices only); the main
+    process says so once.
 
     Raises:
         ValueError: if the environment says `WORLD_SIZE` > 1 but `accelerator.num_processes` is 1.
@@ -344,13 +345,13 @@ def check_distributed_setup(accelerator) -> None:
         raise ValueError(
             f"{world_size} processes were launched (WORLD_SIZE={world_size}) but accelerate set this one up alone "
             f"(distributed_type {accelerator.distributed_type.value}), so each process would train its own copy on "
-            "the whole dataset. On a machine without GPUs set `use_cpu=True` (`--use_cpu` on the command line, or "
-            "`use_cpu: true` in the accelerate config) to train the processes together with gloo; with GPUs, start "
-            "the processes with `accelerate launch` or `torchrun` (which set LOCAL_RANK) and check that each one "
-            "sees a GPU (CUDA_VISIBLE_DEVICES)."
+            "the whole dataset. On a machine without GPUs set `use_cpu=True` in the GRPOConfig (`--use_cpu` on the "
+            "`trl grpo` command line) to train the processes together with gloo (`accelerate launch --cpu` and "
+            "`use_cpu: true` in an accelerate config start one process only); with GPUs, check that each process "
+            "sees one (CUDA_VISIBLE_DEVICES)."
         )
     fsdp_asked = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-    if fsdp_asked and accelerator.distributed_type.value == "MULTI_CPU":
+    if fsdp_asked and accelerator.distributed_type.value == "MULTI_CPU" and accelerator.is_main_process:
         logger.warning(
             "FSDP was asked for (ACCELERATE_USE_FSDP=true) but accelerate does not shard on CPU processes: this run "
             "is DDP, with the whole policy and reference on every process."
