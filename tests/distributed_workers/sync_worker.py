@@ -48,7 +48,7 @@ FUNCTIONAL_COLLECTIVES = (
 @contextmanager
 def count_collectives():
     """Count calls to torch.distributed / deepspeed.comm collectives and `GatheredParameters` entries in the block."""
-    counts = {"calls": 0}
+    counts = {"calls": 0, "by_name": {}}
     patched = []
 
     def wrap(owner, name):
@@ -58,6 +58,7 @@ def count_collectives():
 
         def counted(*args, **kwargs):
             counts["calls"] += 1
+            counts["by_name"][name] = counts["by_name"].get(name, 0) + 1
             return original(*args, **kwargs)
 
         setattr(owner, name, counted)
@@ -219,17 +220,22 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
         callbacks=[callback],
     )
-    generate_saw_full_weights = []
+    generate_saw_full_weights, generate_collectives = [], []
     policy_generate = trainer.model.generate
 
-    def recording_generate(
-        *args, **kwargs
-    ):  # ZeRO-3: are the weights gathered for generate (ds3_gather_for_generation)?
+    def available(params) -> bool:
+        return all(getattr(p, "ds_status", None) is None or p.ds_status.name == "AVAILABLE" for p in params)
+
+    def recording_generate(*args, **kwargs):
+        """ZeRO-3: are the weights gathered for generate (ds3_gather_for_generation), and do they stay gathered,
+        with no collective inside `generate` (no per-layer fetches at each decode step)?"""
         params = list(trainer.model.parameters())
-        generate_saw_full_weights.append(
-            all(getattr(p, "ds_status", None) is None or p.ds_status.name == "AVAILABLE" for p in params)
-        )
-        return policy_generate(*args, **kwargs)
+        before = available(params)
+        with count_collectives() as counts:
+            out = policy_generate(*args, **kwargs)
+        generate_saw_full_weights.append(before and available(params))
+        generate_collectives.append(counts["by_name"])
+        return out
 
     trainer.model.generate = recording_generate
     trainer.train()
@@ -241,6 +247,7 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
         "policy_type": type(trainer.model_wrapped).__name__,
         "fallback": len(callback._sync.fallback),
         "generate_saw_full_weights": generate_saw_full_weights,
+        "generate_collectives": generate_collectives,
     }
     result["ref_forward_error"] = reference_forward_error(trainer)
     result["shared_scoring"] = shared_scoring(trainer)

@@ -105,6 +105,22 @@ def _check_sync_zero3(out, tmp):
     assert "Qwen2 1 layers × hidden 64, vocab 1000" in out
 
 
+def _check_zero3_generation(out, tmp):
+    header, rows = table_with(out, "implementation")
+    assert header == [
+        "implementation",
+        "generate s/step",
+        "collectives inside generate per step",
+        "step s",
+        "generate share of step",
+    ]
+    assert [row[0] for row in rows] == ["ours (trl 1.16.0+iterative.0.1)", f"upstream (trl {UPSTREAM_TRL_VERSION})"]
+    assert all(number(row[1]) > 0 and number(row[3]) > 0 for row in rows)
+    # ours: weights gathered once, hooks out of the way; only transformers' per-token all-reduce is left in generate
+    assert rows[0][2] == "all_reduce 9"  # 8 tokens
+    assert "Qwen2 2 layers × hidden 64" in out
+
+
 def _check_upstream_loss(out, tmp):
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("case "))
@@ -242,6 +258,10 @@ CHECKS = {
     "benchmark_generation.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_generation),
     "benchmark_grpo_step.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_grpo_step),
     "benchmark_sync_zero3.py": (lambda tmp, values: [], _check_sync_zero3),
+    "benchmark_zero3_generation.py": (
+        lambda tmp, values: ["--upstream_python", values["upstream_python"], "--model_dir", str(tmp / "model")],
+        _check_zero3_generation,
+    ),
     "compare_upstream_loss.py": (
         lambda tmp, values: ["--upstream_python", values["upstream_python"]],
         _check_upstream_loss,
@@ -267,6 +287,7 @@ CHECKS = {
 }
 # The fixtures (and other values) each script's arguments need; built only when that script is collected.
 NEEDS = {
+    "benchmark_zero3_generation.py": ("upstream_python",),
     "compare_upstream_loss.py": ("upstream_python",),
     "compare_upstream_trl.py": ("upstream_python",),
     "reproduce_real_model.py": ("smollm2_path",),

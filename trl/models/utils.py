@@ -263,13 +263,42 @@ def unwrap_model_for_generation(model: nn.Module, accelerator, gather_deepspeed3
     if not gather_deepspeed3_params:
         yield unwrapped
     elif deepspeed_plugin is not None and deepspeed_plugin.zero_stage == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        with zero3_gathered(model):
             yield unwrapped
     else:
         with fsdp2_gathered(unwrapped):
             yield unwrapped
+
+
+@contextmanager
+def zero3_gathered(engine: nn.Module):
+    """Gather every ZeRO-3 parameter of a DeepSpeed `engine` once for the block, with DeepSpeed's module hooks out of
+    the way, and put the hooks back before the parameters are partitioned again on exit.
+
+    `deepspeed.zero.GatheredParameters` alone gathers the weights, but the forward hooks DeepSpeed installed on every
+    submodule stay active: each forward inside the block fetches and releases every layer again (so `generate` would
+    gather per layer at every decode step) and the first one already leaves the gathered weights released. Without
+    the hooks the forwards read the gathered weights as plain tensors. An engine without ZeRO-3 parameter offload
+    (`engine.optimizer.parameter_offload`: a DeepSpeed inference engine has none) keeps its hooks.
+    """
+    import deepspeed
+
+    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    with deepspeed.zero.GatheredParameters(list(engine.parameters())):
+        if offload is None:
+            yield engine
+            return
+        offload._remove_module_hooks()
+        offload.forward_hooks, offload.backward_hooks = [], []  # handles already removed
+        try:
+            yield engine
+        finally:
+            from deepspeed.runtime.zero import parameter_offload
+
+            stack = list(parameter_offload.FWD_MODULE_STACK)
+            offload.setup_zero_stage3_hooks()  # what DeepSpeed's engine set up: every module hook again
+            # it also pushes the engine's module on DeepSpeed's module stack, which its hooks scan: keep it as it was
+            parameter_offload.FWD_MODULE_STACK[:] = stack
 
 
 def fsdp2_modules(model: nn.Module) -> list:
