@@ -197,6 +197,17 @@ def test_sync_performs_no_collective(mode, request):
             assert r["warnings"] == []
 
 
+def test_zero3_shared_prefix_generation_shares_on_the_gathered_weights(zero3_results):
+    """With the weights gathered and DeepSpeed's hooks removed, the prompt pass runs before `generate` without
+    fetching or releasing anything: one more forward, the same tokens as plain `generate`, no fetch in the call."""
+    for rank in zero3_results:
+        plain, shared = rank["generation_probe"]["generate"], rank["generation_probe"]["shared_prefix"]
+        assert shared["ids"] == plain["ids"]
+        assert shared["forwards"] == plain["forwards"] + 1
+        for counts in (plain["collectives"], shared["collectives"]):
+            assert set(counts) <= {"all_reduce"}, counts
+
+
 def test_zero3_partition_mismatch_falls_back_warns_once_and_is_exact(zero3_results):
     for rank in zero3_results:
         for case in ("policy_zero3_ref_plain", "policy_plain_ref_zero3"):

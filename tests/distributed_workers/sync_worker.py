@@ -254,7 +254,35 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
     result["checkpoint_roundtrip_equal"] = checkpoint_roundtrip(trainer)
     if mode == "zero3":
         result["mismatch"] = zero3_mismatch(trainer)
+        result["generation_probe"] = zero3_generation_probe(trainer)
     return result
+
+
+def zero3_generation_probe(trainer) -> dict:
+    """Plain and shared-prefix generation of the same prompts with the same seed, inside the gathered block of
+    `ds3_gather_for_generation=True`: the tokens, the forwards and the collectives inside the call."""
+    from trl.models.utils import unwrap_model_for_generation
+    from trl.trainer.grpo_generation import sample_completions
+
+    # 2 distinct 20-token prompts, each twice: long enough for shared-prefix generation to share
+    ids = torch.randint(5, 300, (2, 20), generator=torch.Generator().manual_seed(0)).repeat_interleave(2, 0)
+    out = {}
+    for implementation in ("generate", "shared_prefix"):
+        forwards = []
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, True) as model:
+            hook = model.register_forward_pre_hook(lambda module, inputs: forwards.append(1))
+            torch.manual_seed(1)
+            with count_collectives() as counts:
+                completions = sample_completions(
+                    model, ids, torch.ones_like(ids), trainer.generation_config, implementation
+                )
+            hook.remove()
+        out[implementation] = {
+            "ids": completions.tolist(),
+            "forwards": len(forwards),
+            "collectives": counts["by_name"],
+        }
+    return out
 
 
 def checkpoint_roundtrip(trainer) -> bool:

@@ -6,6 +6,7 @@ accelerate / DeepSpeed, and naming a PEFT adapter's parameters."""
 import copy
 import json
 import os
+import weakref
 from contextlib import contextmanager
 from typing import Any
 
@@ -270,6 +271,16 @@ def unwrap_model_for_generation(model: nn.Module, accelerator, gather_deepspeed3
             yield unwrapped
 
 
+# The modules of ZeRO-3 engines inside `zero3_gathered` right now: whole weights and no DeepSpeed hooks.
+_ZERO3_GATHERED = weakref.WeakSet()
+
+
+def zero3_hooks_removed(model: nn.Module) -> bool:
+    """Whether `model` (an engine's module) is inside `zero3_gathered`: its weights are whole and its forwards run
+    without DeepSpeed's hooks, so they neither fetch nor release anything (shared-prefix generation can run)."""
+    return model in _ZERO3_GATHERED
+
+
 @contextmanager
 def zero3_gathered(engine: nn.Module):
     """Gather every ZeRO-3 parameter of a DeepSpeed `engine` once for the block, with DeepSpeed's module hooks out of
@@ -290,9 +301,11 @@ def zero3_gathered(engine: nn.Module):
             return
         offload._remove_module_hooks()
         offload.forward_hooks, offload.backward_hooks = [], []  # handles already removed
+        _ZERO3_GATHERED.add(engine.module)
         try:
             yield engine
         finally:
+            _ZERO3_GATHERED.discard(engine.module)
             from deepspeed.runtime.zero import parameter_offload
 
             stack = list(parameter_offload.FWD_MODULE_STACK)

@@ -10,7 +10,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.generation import GenerationMode
 from transformers.utils import logging
 
-from ..models.utils import fsdp2_modules
+from ..models.utils import fsdp2_modules, zero3_hooks_removed
 from .grpo_config import GENERATION_IMPLEMENTATIONS
 from .grpo_losses import completion_mask, pad_to_multiple
 from .layouts import PLAIN, ZERO3, parameter_layouts
@@ -73,14 +73,15 @@ def shared_prefix_blocker(
     - `num_return_sequences > 1` (`generate` expands every row) or `token_healing` (rewrites the prompt's end);
     - a `cache_implementation` (`generate` refuses a given cache next to one) or `use_cache=False`; a model without
       a `DynamicCache`;
-    - DeepSpeed ZeRO-3 parameters (a forward before `generate` would re-partition the weights gathered for it);
+    - DeepSpeed ZeRO-3 parameters, unless gathered with the hooks removed (`models.utils.zero3_gathered`, what
+      `ds3_gather_for_generation=True` does): with the hooks, a forward before `generate` would re-partition them;
     - a RoPE whose frequencies depend on the sequence length, where the prompt pass and `generate`'s first step would
       see different ones (`prefix_sharing.rope_sharing_blocker`).
     `shared_prefix_cache` itself still returns `None` (plain `generate`) when there is nothing to share, for
     prompts that are not left-padded and for PEFT prompt learning.
     """
-    if ZERO3 in parameter_layouts(model):
-        return "DeepSpeed ZeRO-3 parameters"
+    if ZERO3 in parameter_layouts(model) and not zero3_hooks_removed(model):
+        return "DeepSpeed ZeRO-3 parameters that are not gathered for generation"
     config = effective_generation_config(model, generation_config)
     mode = config.get_generation_mode()
     if mode not in _SHARED_PREFIX_MODES:
@@ -120,10 +121,10 @@ def sample_completions(
     keys/values come from a smaller batch, so they can differ from the unshared ones in the last float bits. It falls
     back to `"generate"` for every setting listed in `shared_prefix_blocker` (a decoding mode other than greedy or
     sampling, e.g. beam search; `num_return_sequences > 1`; a `cache_implementation`, also one set by the model's
-    generation_config.json; `use_cache=False`; DeepSpeed ZeRO-3; a length-dependent RoPE at the lengths where it
-    matters; ...), when there is nothing to share (all prompts distinct, one-token prompts), when the prompts are not
-    left-padded, and for PEFT prompt learning (prompt or prefix tuning adds its own tokens or cache); each reason is
-    logged once at INFO level.
+    generation_config.json; `use_cache=False`; DeepSpeed ZeRO-3 without `ds3_gather_for_generation`; a
+    length-dependent RoPE at the lengths where it matters; ...), when there is nothing to share (all prompts
+    distinct, one-token prompts), when the prompts are not left-padded, and for PEFT prompt learning (prompt or prefix
+    tuning adds its own tokens or cache); each reason is logged once at INFO level.
 
     Args:
         model: a causal LM (or a PEFT model around one); put in eval mode for the call, then restored. Runs under
