@@ -206,6 +206,7 @@ def test_zero3_shared_prefix_generation_shares_on_the_gathered_weights(zero3_res
         assert shared["forwards"] == plain["forwards"] + 1
         for counts in (plain["collectives"], shared["collectives"]):
             assert set(counts) <= {"all_reduce"}, counts
+        assert rank["generation_probe"]["module_ids_kept"] and rank["generation_probe"]["params_released"]
 
 
 def test_zero3_partition_mismatch_falls_back_warns_once_and_is_exact(zero3_results):

@@ -266,10 +266,12 @@ def zero3_generation_probe(trainer) -> dict:
 
     # 2 distinct 20-token prompts, each twice: long enough for shared-prefix generation to share
     ids = torch.randint(5, 300, (2, 20), generator=torch.Generator().manual_seed(0)).repeat_interleave(2, 0)
+    engine = trainer.model_wrapped
+    module_ids = {name: module.ds_id for name, module in engine.module.named_modules()}
     out = {}
     for implementation in ("generate", "shared_prefix"):
         forwards = []
-        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, True) as model:
+        with unwrap_model_for_generation(engine, trainer.accelerator, True) as model:
             hook = model.register_forward_pre_hook(lambda module, inputs: forwards.append(1))
             torch.manual_seed(1)
             with count_collectives() as counts:
@@ -282,6 +284,11 @@ def zero3_generation_probe(trainer) -> dict:
             "forwards": len(forwards),
             "collectives": counts["by_name"],
         }
+    # the hooks came back as DeepSpeed set them up: module ids kept, every parameter released, none marked in use
+    out["module_ids_kept"] = module_ids == {name: module.ds_id for name, module in engine.module.named_modules()}
+    out["params_released"] = all(
+        not p.ds_active_sub_modules and p.ds_status.name == "NOT_AVAILABLE" for p in engine.module.parameters()
+    )
     return out
 
 

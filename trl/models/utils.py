@@ -273,6 +273,8 @@ def unwrap_model_for_generation(model: nn.Module, accelerator, gather_deepspeed3
 
 # The modules of ZeRO-3 engines inside `zero3_gathered` right now: whole weights and no DeepSpeed hooks.
 _ZERO3_GATHERED = weakref.WeakSet()
+# What `zero3_gathered` uses of DeepSpeed's ZeRO-3 parameter manager (`DeepSpeedZeRoOffload`) to swap its hooks.
+_ZERO3_HOOK_API = ("_remove_module_hooks", "setup_zero_stage3_hooks", "forward_hooks", "backward_hooks")
 
 
 def zero3_hooks_removed(model: nn.Module) -> bool:
@@ -284,34 +286,48 @@ def zero3_hooks_removed(model: nn.Module) -> bool:
 @contextmanager
 def zero3_gathered(engine: nn.Module):
     """Gather every ZeRO-3 parameter of a DeepSpeed `engine` once for the block, with DeepSpeed's module hooks out of
-    the way, and put the hooks back before the parameters are partitioned again on exit.
+    the way, and put the hooks back before the parameters are partitioned again on exit (also when the block raises).
 
     `deepspeed.zero.GatheredParameters` alone gathers the weights, but the forward hooks DeepSpeed installed on every
     submodule stay active: each forward inside the block fetches and releases every layer again (so `generate` would
-    gather per layer at every decode step) and the first one already leaves the gathered weights released. Without
-    the hooks the forwards read the gathered weights as plain tensors. An engine without ZeRO-3 parameter offload
-    (`engine.optimizer.parameter_offload`: a DeepSpeed inference engine has none) keeps its hooks.
+    gather per layer at every decode step). Without the hooks the forwards read the gathered weights as plain tensors
+    and issue no collective, so a rank may run a forward the others do not (the prompt pass of shared-prefix
+    generation, decided per rank). The hooks come back as DeepSpeed set them up, with each module's `ds_id` as it
+    was; DeepSpeed then re-records its prefetch trace at the next forward. The hooks stay in place (every forward
+    gathers, as before) for an engine whose ZeRO-3 parameter manager lacks the DeepSpeed internals used here
+    (`_ZERO3_HOOK_API`, present in DeepSpeed 0.19) and under DeepCompile, which manages the gathering itself.
     """
     import deepspeed
+    from deepspeed.runtime.zero import parameter_offload
 
-    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    optimizer = getattr(engine, "optimizer", None)  # the ZeRO-3 optimizer, or the parameter manager itself
+    offload = optimizer if isinstance(optimizer, parameter_offload.DeepSpeedZeRoOffload) else None
+    offload = offload or getattr(optimizer, "parameter_offload", None)
+    deepcompile = getattr(engine, "is_deepcompile_active", lambda: False)()
+    swap = offload is not None and not deepcompile and all(hasattr(offload, name) for name in _ZERO3_HOOK_API)
     with deepspeed.zero.GatheredParameters(list(engine.parameters())):
-        if offload is None:
+        if not swap:
             yield engine
             return
-        offload._remove_module_hooks()
-        offload.forward_hooks, offload.backward_hooks = [], []  # handles already removed
-        _ZERO3_GATHERED.add(engine.module)
+        ids = {module: module.ds_id for module in engine.module.modules() if hasattr(module, "ds_id")}
+        stack = list(parameter_offload.FWD_MODULE_STACK)
+        removed = False
         try:
+            offload._remove_module_hooks()
+            removed = True
+            offload.forward_hooks, offload.backward_hooks = [], []  # handles already removed
+            _ZERO3_GATHERED.add(engine.module)
             yield engine
         finally:
             _ZERO3_GATHERED.discard(engine.module)
-            from deepspeed.runtime.zero import parameter_offload
-
-            stack = list(parameter_offload.FWD_MODULE_STACK)
-            offload.setup_zero_stage3_hooks()  # what DeepSpeed's engine set up: every module hook again
-            # it also pushes the engine's module on DeepSpeed's module stack, which its hooks scan: keep it as it was
-            parameter_offload.FWD_MODULE_STACK[:] = stack
+            try:
+                if removed:
+                    offload.setup_zero_stage3_hooks()  # every module hook again, as the engine set them up
+                    for module, ds_id in ids.items():  # setup numbers the modules on from a process-wide counter
+                        module.ds_id = ds_id
+            finally:
+                # setup also pushes the engine's module on DeepSpeed's module stack, which its hooks scan
+                parameter_offload.FWD_MODULE_STACK[:] = stack
 
 
 def fsdp2_modules(model: nn.Module) -> list:
