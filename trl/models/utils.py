@@ -301,8 +301,10 @@ def zero3_gathered(engine: nn.Module):
     from deepspeed.runtime.zero import parameter_offload
 
     optimizer = getattr(engine, "optimizer", None)  # the ZeRO-3 optimizer, or the parameter manager itself
-    offload = optimizer if isinstance(optimizer, parameter_offload.DeepSpeedZeRoOffload) else None
-    offload = offload or getattr(optimizer, "parameter_offload", None)
+    if isinstance(optimizer, parameter_offload.DeepSpeedZeRoOffload):
+        offload = optimizer
+    else:
+        offload = getattr(optimizer, "parameter_offload", None)
     deepcompile = getattr(engine, "is_deepcompile_active", lambda: False)()
     swap = offload is not None and not deepcompile and all(hasattr(offload, name) for name in _ZERO3_HOOK_API)
     with deepspeed.zero.GatheredParameters(list(engine.parameters())):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..models.utils import adapter_parameters, create_reference_model
+from ..models.utils import adapter_parameters, create_reference_model, fsdp2_modules
 from .layouts import full_shape, gathered_tensor, local_part, partitioning
 
 
@@ -108,12 +108,8 @@ def _drop_full_copies(reference: nn.Module) -> None:
     for parameter in reference.parameters():
         if hasattr(parameter, "ds_id") and parameter.ds_status.name == "AVAILABLE":
             parameter.partition()  # frees the gathered copy; the partition `ds_tensor` is kept as is
-    if torch.distributed.is_available():
-        from torch.distributed.fsdp import FSDPModule
-
-        for module in reference.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
+    for module in fsdp2_modules(reference):
+        module.reshard()
 
 
 def pair_for_sync(policy: nn.Module, reference: nn.Module | None) -> ReferenceSync:
