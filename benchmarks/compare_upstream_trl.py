@@ -171,6 +171,8 @@ SYNC_CONFIGS = {  # name -> (sync_ref_model, ref_model_sync_steps)
 }
 # The parts of a step timed from outside (see `_install_part_timers`); "other" is the rest of the step.
 PARTS = ("generate", "reward", "ref_old_logps", "prepare_rest", "fwd_bwd", "optimizer", "sync", "other")
+# The parts whose peak RSS is reported ("prepare" holds generate, reward and ref_old_logps).
+MEMORY_PARTS = ("generate", "ref_old_logps", "prepare", "fwd_bwd", "optimizer", "sync", "other")
 OURS_ONLY = {}  # ours-only fields keep their defaults (max_prompt_length=None: whole prompts, as upstream)
 UPSTREAM_ONLY = dict(
     use_vllm=False,
@@ -209,6 +211,7 @@ def _worker(args) -> None:
     import trl
     from trl import GRPOConfig, GRPOTrainer  # ours or upstream, whichever this interpreter has
 
+    import_rss_mb = _rss_bytes() / 2**20  # the interpreter with torch, transformers, datasets and trl imported
     trl_path = os.path.dirname(os.path.abspath(trl.__file__))
     expected = os.path.join(REPO_ROOT, "trl") if args.worker == "ours" else os.path.realpath(sys.prefix)
     if not os.path.realpath(trl_path).startswith(os.path.realpath(expected)):
@@ -264,9 +267,11 @@ def _worker(args) -> None:
         def __init__(self):
             self.times, self.cpu_times, self._start, self._cpu_start = [], [], None, None
             self.parts = []  # per step: {part: (wall s, CPU s)}
+            self.peaks = []  # per step: {part: peak RSS MB}
 
         def on_step_begin(self, args, state, control, **kwargs):
             parts.reset()
+            parts.set_phase("step_other")
             self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -280,6 +285,7 @@ def _worker(args) -> None:
             self.times.append(wall)
             self.cpu_times.append(cpu)
             self.parts.append(parts.breakdown(wall, cpu))
+            self.peaks.append(parts.peak_breakdown())
 
     kwargs = dict(COMMON)
     kwargs.update(OURS_ONLY if args.worker == "ours" else UPSTREAM_ONLY)
@@ -298,8 +304,10 @@ def _worker(args) -> None:
         trainer.add_callback(gemm)
     trainer.remove_callback(PrinterCallback)
     _install_part_timers(trainer, parts, args.worker)
+    init_peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     trainer.train()
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    parts.set_phase("after_training")
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = dict(
         impl=args.worker,
         trl_version=trl.__version__,
@@ -314,6 +322,10 @@ def _worker(args) -> None:
         parts=timer.parts,
         gemm_ms=gemm.ms_per_step if gemm is not None else None,
         peak_rss_mb=peak_rss_mb,
+        init_peak_rss_mb=init_peak_rss_mb,
+        import_rss_mb=import_rss_mb,
+        part_peaks_mb=timer.peaks,
+        high_water_part=parts.high_water_part,
         completion_tokens=[n for n, _ in sampled],
         mean_reward=[r for _, r in sampled],
     )
@@ -349,25 +361,80 @@ def _gemm_profiler_class():
     return GemmProfiler
 
 
+def _rss_bytes() -> int:
+    """This process's resident set size now (Linux: /proc/self/statm), in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 class _PartClock:
-    """Wall and CPU seconds spent in named parts of one step; a part re-entered while running counts once."""
+    """Wall and CPU seconds spent in named parts of one step; a part re-entered while running counts once.
+
+    Memory: a sampler thread reads the resident set size every `RSS_INTERVAL_S` and keeps, per part, the largest value
+    seen while the part was open (`peaks`, bytes; nested parts also count for their parents), and `ru_maxrss` (the
+    kernel's exact high-water mark) is read at every part boundary, so `high_water_part` names the part during which
+    the process's peak RSS was last raised.
+    """
+
+    RSS_INTERVAL_S = 0.005
 
     def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()
         self.reset()
+        self.high_water, self.high_water_part = 0, None
+        self._active = ("init",)  # the open parts, replaced (never mutated) at every boundary
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
 
     def reset(self):
-        self.totals, self._open = {}, {}
+        with self._lock:
+            self.totals, self._open, self.peaks = {}, {}, {}
+            self._active = ("step_other",)
+
+    def _record(self, rss):
+        """Raise the peaks of the open parts to `rss` (under the lock: the sampler thread and part boundaries)."""
+        with self._lock:
+            active = self._active
+            for name in active:
+                if name == "training_step" and "prepare" in active:
+                    continue  # training_step's own peak is that of the loss forward and backward
+                if rss > self.peaks.get(name, 0):
+                    self.peaks[name] = rss
+
+    def _sample(self):
+        while True:
+            self._record(_rss_bytes())
+            time.sleep(self.RSS_INTERVAL_S)
+
+    def _mark_high_water(self, name):
+        import resource
+
+        self._record(_rss_bytes())  # also a sample at every boundary, so that short parts get one
+        high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        if high > self.high_water:
+            self.high_water, self.high_water_part = high, name
+
+    def set_phase(self, name):
+        """Attribute what follows to `name` when no part is open (e.g. "init", "step_other")."""
+        self._mark_high_water(self._active[-1] if self._active else "step_other")
+        self._active = (name,)
 
     def start(self, name):
+        self._mark_high_water(self._active[-1] if self._active else "step_other")
         depth, *begin = self._open.get(name, (0, None, None))
         self._open[name] = (depth + 1, *(begin if depth else (time.perf_counter(), time.process_time())))
+        self._active = tuple(self._open)
 
     def stop(self, name):
+        self._mark_high_water(name)
         depth, wall, cpu = self._open[name]
         if depth > 1:
             self._open[name] = (depth - 1, wall, cpu)
             return
         del self._open[name]
+        self._active = tuple(self._open) or ("step_other",)
         w, c = self.totals.get(name, (0.0, 0.0))
         self.totals[name] = (w + time.perf_counter() - wall, c + time.process_time() - cpu)
 
@@ -394,6 +461,14 @@ class _PartClock:
         t["sync"] = self.totals.get("sync", (0.0, 0.0))
         t["other"] = tuple(total - sum(v[i] for v in t.values()) for i, total in enumerate((wall, cpu)))
         return t
+
+    def peak_breakdown(self):
+        """{part: the largest RSS in MB sampled while it ran} for this step, in `MEMORY_PARTS` terms."""
+        names = {"generate": "generate", "ref_old_logps": "ref_old_logps", "prepare": "prepare"}
+        names.update(training_step="fwd_bwd", optimizer="optimizer", sync="sync", step_other="other")
+        with self._lock:
+            peaks = dict(self.peaks)
+        return {names[k]: v / 2**20 for k, v in peaks.items() if k in names}
 
 
 def _install_part_timers(trainer, parts: _PartClock, impl: str) -> None:
@@ -702,6 +777,34 @@ def main() -> None:
         "optimizer = optimizer.step; sync = the reference-sync callback; other = the rest of the step "
         "(gradient clipping, scheduler, callbacks)."
     )
+    print(
+        "\nMemory (MB, median over runs): RSS after the imports; ru_maxrss after building the trainer (both models "
+        "loaded); ru_maxrss at the end; the part during which that peak was last raised; then, per part, the median "
+        "over kept steps of the largest RSS sampled every 5 ms while it ran (fwd_bwd: training_step outside "
+        "_prepare_inputs; other: clipping, scheduler, callbacks)."
+    )
+    print(
+        "| memory case | implementation | imports | after init | peak | peak set in | "
+        + " | ".join(MEMORY_PARTS)
+        + " |"
+    )
+    print("|---|---|---:|---:|---:|---|" + "---:|" * len(MEMORY_PARTS))
+    for c, label, _ in cases:
+        for impl in impls:
+            runs = results[(impl, c, label)]
+            steps = [step for r in runs for step in r["part_peaks_mb"][args.warmup :]]
+            cells = [
+                f"{statistics.median(st[p] for st in steps if p in st):.0f}" if any(p in st for st in steps) else "-"
+                for p in MEMORY_PARTS
+            ]
+            where = sorted({r["high_water_part"] for r in runs})
+            print(
+                f"| sync={c} {label} | {impl} | {statistics.median(r['import_rss_mb'] for r in runs):.0f} | "
+                f"{statistics.median(r['init_peak_rss_mb'] for r in runs):.0f} | "
+                f"{statistics.median(r['peak_rss_mb'] for r in runs):.0f} | {', '.join(where)} | "
+                + " | ".join(cells)
+                + " |"
+            )
     synced = [(key, s["syncs"]) for key, s in stats.items() if s["syncs"]]
     if synced:
         print(

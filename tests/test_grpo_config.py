@@ -102,11 +102,13 @@ TRL_1_16_DEFAULTS = {
     "vllm_structured_outputs_regex": None,
     "vllm_tensor_parallel_size": 1,
 }
-# Ours only: the generation path, the opt-in prompt cut, the per-epoch sync strategy and Algorithm 1's reward-model
+# Ours only: the generation path, the scoring paths, the opt-in prompt cut, the per-epoch sync strategy and Algorithm 1's reward-model
 # refresh.
 OUR_ONLY_DEFAULTS = {
     "generation_implementation": "shared_prefix",
     "shared_prefix_scoring": True,
+    "sparse_embedding_grad": True,
+    "chunked_logprobs": True,
     "max_prompt_length": None,
     "ref_model_sync_strategy": "steps",
     "reward_model_update_steps": None,

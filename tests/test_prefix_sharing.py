@@ -178,7 +178,8 @@ def test_reentrant_checkpointing_falls_back_to_plain_passes(model):
         assert scoring_sharing_blocker(model) is None  # nothing is checkpointed without gradients
     ids, mask, length = _batch(model.config.vocab_size)
     shapes = _record_forward_shapes(model)
-    grpo_scoring._LOGGED_BLOCKERS.discard("reentrant gradient checkpointing")  # logged once per process
+    # logged once per process
+    grpo_scoring._LOGGED_BLOCKERS.discard(("shared_prefix_scoring", "reentrant gradient checkpointing"))
     with patch.object(grpo_scoring.logger, "info") as info:
         score_completions(model, ids, mask, length, 1.0, share_prefix=True)
         score_completions(model, ids, mask, length, 1.0, share_prefix=True)

@@ -243,18 +243,26 @@ def test_shared_prefix_scoring_equals_the_plain_pass_on_chat_prompts(smollm2_pat
     calls, forward = [], model.forward
     model.forward = lambda **kwargs: calls.append(tuple(kwargs["input_ids"].shape)) or forward(**kwargs)
     results = {}
-    for share in (False, True):
-        model.zero_grad()
-        scores = score_completions(model, input_ids, mask, 8, 0.7, compute_entropy=True, share_prefix=share)
+    # plain; shared prefix; shared prefix with the block-wise LM head and the sparse tied-embedding gradient (the
+    # trainer's defaults)
+    paths = {"plain": {}, "shared": dict(share_prefix=True)}
+    paths["defaults"] = dict(share_prefix=True, chunked_logprobs=True, sparse_embedding_grad=True)
+    for name, kwargs in paths.items():
+        model.zero_grad(set_to_none=True)
+        scores = score_completions(model, input_ids, mask, 8, 0.7, compute_entropy=True, **kwargs)
         (scores.per_token_logps * mask[:, -8:]).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        results[share] = (scores.per_token_logps.detach(), scores.entropies.detach(), grads)
+        results[name] = (scores.per_token_logps.detach(), scores.entropies.detach(), grads)
     prompt_length = input_ids.shape[1] - 8
-    assert calls == [(8, input_ids.shape[1]), (2, prompt_length - 1), (8, 9)]  # plain; 2 prompts once; 8 rows
-    torch.testing.assert_close(results[True][0], results[False][0], atol=1e-4, rtol=0)  # log-probs ~ -15: 2e-6 rel.
-    torch.testing.assert_close(results[True][1], results[False][1], atol=1e-4, rtol=0)
-    worst = max(((results[True][2][n] - g).norm() / g.norm()).item() for n, g in results[False][2].items())
-    assert worst < 1e-4, worst
+    # plain; 2 prompts once, then 8 rows on their cache; the same two passes with the defaults
+    assert calls == [(8, input_ids.shape[1]), (2, prompt_length - 1), (8, 9), (2, prompt_length - 1), (8, 9)]
+    plain = results["plain"]
+    assert not any(g.is_sparse for g in results["defaults"][2].values())
+    for name in ("shared", "defaults"):
+        torch.testing.assert_close(results[name][0], plain[0], atol=1e-4, rtol=0)  # log-probs ~ -15: 2e-6 rel.
+        torch.testing.assert_close(results[name][1], plain[1], atol=1e-4, rtol=0)
+        worst = max(((results[name][2][n] - g).norm() / g.norm()).item() for n, g in plain[2].items())
+        assert worst < 1e-4, (name, worst)
 
 
 def test_cli_trains_the_converted_folder(smollm2_path, tmp_path):

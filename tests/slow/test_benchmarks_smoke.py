@@ -173,6 +173,15 @@ def _check_upstream_trl(out, tmp):
     assert number(ours[5]) == pytest.approx(number(ours[2]) / number(upstream[2]), abs=0.01)
     assert 0 < number(ours[7]) <= 8 and 0 < number(upstream[7]) <= 8  # max_completion_length 8
     assert "GRPO step, preset tiny:" in out and "2 steps/run, first 1 dropped" in out
+    header, rows = table_with(out, "memory case")  # MB: imports, after init, peak, where, then per part
+    parts = ["generate", "ref_old_logps", "prepare", "fwd_bwd", "optimizer", "sync", "other"]
+    assert header == ["memory case", "implementation", "imports", "after init", "peak", "peak set in", *parts]
+    assert [row[1] for row in rows] == ["ours", "upstream"]
+    for row in rows:
+        imports, init, peak = number(row[2]), number(row[3]), number(row[4])
+        assert 100 < imports <= init <= peak and row[5]
+        sampled = [number(cell) for cell in row[6:] if cell != "-"]
+        assert "-" not in (row[6], row[9]) and all(imports <= value <= peak + 1 for value in sampled)  # generate, loss
     with open(tmp / "steps.json") as f:
         steps = json.load(f)
     assert sorted(steps) == ["ours/every/", "upstream/every/"]

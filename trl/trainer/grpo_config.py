@@ -118,6 +118,17 @@ class GRPOConfig(TrainingArguments):
             plain (prompts under 17 tokens, ZeRO-3/FSDP2 parameters, PEFT prompt learning, sliding-window caches,
             the MoE router loss's pass; with gradients, active dropout and reentrant checkpointing); see
             "Shared-prefix scoring" in the docs.
+        sparse_embedding_grad (`bool`, *optional*, defaults to `True`):
+            In the training forward, let an input embedding tied to the LM head (SmolLM2, Qwen2.5-0.5B, Gemma, ...)
+            return a sparse gradient, added into the LM head's dense one, instead of a dense `(vocab, hidden)` tensor
+            per forward pass. The weight's gradient is the same dense tensor up to the order of float additions;
+            untied, frozen (PEFT) or sharded embeddings are left as they are.
+        chunked_logprobs (`bool`, *optional*, defaults to `True`):
+            Compute the per-token log-probs and entropies from the LM head's input a block of positions at a time
+            (at most 64 MiB of float32 logits each), recomputing each block's logits in the backward, so that the
+            `(completions × completion tokens × vocabulary)` float32 logits, their softmax and their gradient never
+            exist whole. Same values and gradients up to float rounding. Passes run plain for LM heads with a PEFT
+            adapter, sharded heads and models that transform the logits after the head (softcapping, logit scales).
 
         > Parameters that control the loss
 
@@ -354,6 +365,14 @@ class GRPOConfig(TrainingArguments):
     shared_prefix_scoring: bool = field(
         default=True,
         metadata={"help": "Compute each distinct prompt once in the log-prob passes (training included)."},
+    )
+    sparse_embedding_grad: bool = field(
+        default=True,
+        metadata={"help": "Give a tied input embedding a sparse gradient (added into the LM head's dense one)."},
+    )
+    chunked_logprobs: bool = field(
+        default=True,
+        metadata={"help": "Compute log-probs and entropies from the LM head's input in blocks of positions."},
     )
 
     # Loss

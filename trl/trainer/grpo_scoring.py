@@ -2,14 +2,17 @@
 """Scoring completions with a model: per-token log-probs and entropies at the sampling temperature, the MoE router
 auxiliary loss, and the float32 LM head. The trainer calls these; the maths on their outputs is in `grpo_losses`."""
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 import torch
+from accelerate.utils import extract_model_from_parallel
 from torch import nn
 from transformers.utils import logging
 
+from .chunked_logprobs import head_logprobs
 from .grpo_losses import selective_log_softmax
+from .layouts import PLAIN, tensor_layout
 from .prefix_sharing import (
     cache_kept_under_checkpointing,
     length_scaled_ropes,
@@ -24,7 +27,7 @@ from .prefix_sharing import (
 
 
 logger = logging.get_logger(__name__)
-_LOGGED_BLOCKERS: set[str] = set()  # reasons for plain passes already logged
+_LOGGED_BLOCKERS: set[tuple[str, str]] = set()  # (field, reason) of plain passes already logged
 # Shared-prefix scoring adds a forward over the distinct prompts; with fewer prompt tokens than this before the last
 # one, that call costs more than it saves (a 2-layer, 64-wide Qwen2 on CPU: 2-token prompts scored ~1.9x slower
 # shared, 5-token prompts ~1.6x; at 64 tokens a 4-layer, 256-wide one scores 2.2x faster, at 256 4.2x).
@@ -51,6 +54,8 @@ def score_completions(
     entropy_grad: bool = False,
     share_prefix: bool = False,
     min_prefix_tokens: int | None = None,
+    sparse_embedding_grad: bool = False,
+    chunked_logprobs: bool = False,
 ) -> Scores:
     """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
     logits divided by `temperature`, so they describe the distribution the completions were sampled from.
@@ -84,6 +89,11 @@ def score_completions(
         min_prefix_tokens: share only prompts (padded width P) with at least this many tokens before their last one;
             `None` reads `MIN_SHARED_PREFIX_TOKENS` at call time. Below it the second forward costs more than the
             positions it saves.
+        sparse_embedding_grad: with gradients, let a tied input embedding return a sparse gradient (see
+            `sparse_tied_embedding_grad`).
+        chunked_logprobs: compute the log-probs and entropies from the LM head's input a block of positions at a
+            time (`chunked_logprobs.head_logprobs`), so that the `(rows, L, V)` float32 logits never exist whole; a
+            pass runs plain where `chunked_logprobs_blocker` names a reason (logged once).
 
     Returns:
         `Scores`.
@@ -108,7 +118,12 @@ def score_completions(
     no_router_logits = (
         {"output_router_logits": False} if getattr(text_config(model), "output_router_logits", 0) else {}
     )
-    with cache_kept_under_checkpointing(model) if share else nullcontext():
+    sparse = sparse_tied_embedding_grad(model) if sparse_embedding_grad else nullcontext()
+    if chunked_logprobs and (blocker := chunked_logprobs_blocker(model)) is not None:
+        chunked_logprobs = False
+        _log_blocker(blocker, "chunked_logprobs")
+    head_input = head_input_captured(model) if chunked_logprobs else nullcontext()
+    with cache_kept_under_checkpointing(model) if share else nullcontext(), sparse, head_input as captured:
         for start in range(0, input_ids.size(0), batch_size):
             ids = input_ids[start : start + batch_size]
             mask = attention_mask[start : start + batch_size]
@@ -147,8 +162,25 @@ def score_completions(
                     raise RuntimeError(
                         f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
                     )
-            logits = outputs.logits[:, :-1, :] / temperature
-            out = selective_log_softmax(logits, ids[:, -logits_to_keep:], 2**28, compute_entropy, entropy_grad)
+            targets = ids[:, -logits_to_keep:]
+            if chunked_logprobs:  # the head's input at the L + 1 kept positions; the last one predicts nothing
+                if not captured:
+                    raise RuntimeError(
+                        f"{type(model).__name__} did not call its LM head in the forward pass; set "
+                        "`chunked_logprobs=False`."
+                    )
+                hidden, head_dtype = captured[-1]  # the pass's last head call (a prompt pass may have made one too)
+                captured.clear()
+                head = extract_model_from_parallel(model).get_output_embeddings()
+                logp, entropy = head_logprobs(
+                    hidden[:, :-1, :], head.weight, head.bias, targets, temperature, compute_entropy, head_dtype
+                )
+                out = (logp, entropy if entropy_grad else entropy.detach()) if compute_entropy else logp
+            else:
+                logits = outputs.logits[:, :-1, :]
+                if temperature != 1.0:  # x / 1.0 == x: no (N, L, V) copy for nothing
+                    logits = logits / temperature
+                out = selective_log_softmax(logits, targets, 2**28, compute_entropy, entropy_grad)
             logps.append(out[0] if compute_entropy else out)
             if compute_entropy:
                 entropies.append(out[1])
@@ -161,10 +193,127 @@ def score_completions(
     )
 
 
-def _log_blocker(blocker: str) -> None:
-    if blocker not in _LOGGED_BLOCKERS:
-        _LOGGED_BLOCKERS.add(blocker)
-        logger.info(f"shared_prefix_scoring: some log-prob passes run plain ({blocker}).")
+def tied_input_embedding(model: nn.Module) -> nn.Embedding | None:
+    """`model`'s input embedding when its weight is also the LM head's, trains, and is a plain (unsharded) tensor:
+    the case where `sparse_tied_embedding_grad` applies; else `None`."""
+    model = extract_model_from_parallel(model)  # DDP and similar wrappers; a PEFT model forwards these getters
+    get_input, get_output = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    if get_input is None or get_output is None:
+        return None
+    embedding, head = get_input(), get_output()
+    if not isinstance(embedding, nn.Embedding) or embedding.sparse or embedding.max_norm is not None:
+        return None
+    weight = embedding.weight
+    if getattr(head, "weight", None) is not weight or not weight.requires_grad or tensor_layout(weight) != PLAIN:
+        return None
+    return embedding
+
+
+@contextmanager
+def sparse_tied_embedding_grad(model: nn.Module):
+    """Forward passes inside this block give a tied input embedding (`tied_input_embedding`) a sparse gradient.
+
+    The input embedding's dense backward writes a `(V, H)` zero tensor with the rows of the looked-up tokens added
+    in, once per forward pass, and autograd then adds each of those to the LM head's dense `(V, H)` gradient of the
+    same weight: ~113 MB written and read twice per pass for SmolLM2-135M's 49,152 × 576 float32 embedding. With
+    `nn.Embedding.sparse` set for the forward, the embedding returns only its looked-up rows, which autograd adds
+    into the LM head's dense gradient: the weight's gradient stays dense (what the optimizer and gradient clipping
+    read) and equals the plain one up to the order of float additions. The flag is restored when the block ends;
+    the backward keeps the sparse kind recorded at forward time. Nothing changes (no-op) for an untied or frozen
+    embedding, a sharded weight, or an embedding with `max_norm`.
+    """
+    embedding = tied_input_embedding(model) if torch.is_grad_enabled() else None
+    if embedding is None:
+        yield
+        return
+    embedding.sparse = True
+    try:
+        yield
+    finally:
+        embedding.sparse = False
+
+
+def _log_blocker(blocker: str, field: str = "shared_prefix_scoring") -> None:
+    if (field, blocker) not in _LOGGED_BLOCKERS:
+        _LOGGED_BLOCKERS.add((field, blocker))
+        logger.info(f"{field}: some log-prob passes run plain ({blocker}).")
+
+
+# Text-config fields of models whose causal-LM forward changes the LM head's output before returning it (softcapping:
+# Gemma 2/3, RecurrentGemma, xLSTM; a scale: Cohere, Falcon-H1, Granite, MiniCPM3, HyperCLOVA X; a vocabulary cut to
+# `unpadded_vocab_size`), and model types that mask some logits (Chameleon's image tokens): `chunked_logprobs` runs
+# plain for them.
+_LOGIT_TRANSFORM_FIELDS = (
+    "final_logit_softcapping",
+    "logits_soft_cap",
+    "output_logit_soft_cap",
+    "logit_scale",
+    "output_multiplier",
+    "lm_head_multiplier",
+    "logits_scaling",
+    "unpadded_vocab_size",
+)
+_LOGIT_MASKING_MODEL_TYPES = ("chameleon",)
+
+
+def chunked_logprobs_blocker(model: nn.Module) -> str | None:
+    """Why `score_completions(..., chunked_logprobs=True)` computes `model`'s log-probs from its logits after all, or
+    `None`: an LM head that is not a plain `nn.Linear` (a subclass with its own forward such as a quantised layer, a
+    PEFT adapter on it, an accelerate offload hook, a forward replaced by anyone but `cast_lm_head_to_fp32`), a
+    sharded head weight (ZeRO-3, FSDP2), an FSDP1 or static-graph DDP wrapper (their backward hooks hang on the
+    model's outputs, which the loss does not read on this path), or a model that transforms the logits after the
+    head (`_LOGIT_TRANSFORM_FIELDS` set to anything but `None` or 1, `_LOGIT_MASKING_MODEL_TYPES`)."""
+    if type(model).__name__ == "FullyShardedDataParallel" or getattr(model, "static_graph", False):
+        static = " with static_graph=True" if getattr(model, "static_graph", False) else ""
+        return f"a {type(model).__name__} wrapper{static}"
+    unwrapped = extract_model_from_parallel(model)
+    head = unwrapped.get_output_embeddings() if hasattr(unwrapped, "get_output_embeddings") else None
+    own_forward = head is not None and "forward" in vars(head) and not getattr(head, "float32_head", False)
+    if not isinstance(head, nn.Linear) or hasattr(head, "base_layer"):  # PEFT tuner layers are not nn.Linear
+        return f"an LM head of type {type(head).__name__}"
+    if type(head).forward is not nn.Linear.forward or own_forward or hasattr(head, "_hf_hook"):
+        return f"an LM head of type {type(head).__name__} with a forward of its own"
+    if tensor_layout(head.weight) != PLAIN:
+        return "a sharded LM head weight"
+    config = text_config(unwrapped)
+    if getattr(config, "model_type", None) in _LOGIT_MASKING_MODEL_TYPES:
+        return f"model type {config.model_type!r} (it masks logits after the head)"
+    for name in _LOGIT_TRANSFORM_FIELDS:
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            return f"{name}={getattr(config, name)!r} in the model config"
+    return None
+
+
+@contextmanager
+def head_input_captured(model: nn.Module):
+    """Inside this block `model`'s LM head records its input and the dtype its product would have run in (autocast's
+    when autocast is on around the head, as inside an accelerate-prepared forward; float32 for a head kept in float32
+    by `cast_lm_head_to_fp32`; else the weight's), as `((rows, kept positions, H), dtype)` appended to the yielded
+    list, and returns a `(rows, 0, V)` tensor instead of logits: no logits are computed, and the weight stays in the
+    forward's graph (DDP's unused-parameter search still finds it). Its forward is restored when the block ends."""
+    head = extract_model_from_parallel(model).get_output_embeddings()
+    captured = []
+    own_forward = head.__dict__.get("forward")  # an instance forward (`cast_lm_head_to_fp32`'s), put back after
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        device_type = hidden_states.device.type
+        if getattr(head, "float32_head", False):
+            dtype = torch.float32
+        elif torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+        else:
+            dtype = head.weight.dtype
+        captured.append((hidden_states, dtype))
+        return hidden_states[..., :0, :1] * head.weight[:, 0]  # (rows, 0, V), nothing cast or multiplied
+
+    head.forward = forward
+    try:
+        yield captured
+    finally:
+        if own_forward is None:
+            del head.forward
+        else:
+            head.forward = own_forward
 
 
 def router_aux_loss_settings(model: nn.Module, router_aux_loss_coef: float | None) -> tuple[float, bool]:
@@ -215,6 +364,7 @@ def cast_lm_head_to_fp32(model: nn.Module) -> None:
             return nn.functional.linear(hidden_states.float(), head.weight, head.bias)
 
     head.forward = forward
+    head.float32_head = True  # what `chunked_logprobs.head_logprobs` must compute the same way
     embedding = model.get_input_embeddings()
     if embedding.weight is head.weight and dtype != torch.float32:
         embedding.register_forward_hook(lambda module, args, output: output.to(dtype))

@@ -647,6 +647,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             compute_aux_loss=compute_aux_loss,
             entropy_grad=compute_entropy and (self.entropy_control.enabled or not own_loss),
             share_prefix=self.args.shared_prefix_scoring,
+            sparse_embedding_grad=self.args.sparse_embedding_grad,
+            chunked_logprobs=self.args.chunked_logprobs,
         )
         return scores.per_token_logps, scores.entropies, scores.aux_loss
 

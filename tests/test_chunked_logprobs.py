@@ -1,0 +1,204 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""The block-wise LM-head log-probs (`chunked_logprobs`) and the sparse tied-embedding gradient against the plain
+computation: values and gradients to float rounding, the paths taken, and what is restored."""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import AutoModelForCausalLM
+
+from trl.trainer import grpo_scoring
+from trl.trainer.chunked_logprobs import head_logprobs
+from trl.trainer.grpo_losses import selective_log_softmax
+from trl.trainer.grpo_scoring import (
+    cast_lm_head_to_fp32,
+    chunked_logprobs_blocker,
+    score_completions,
+    sparse_tied_embedding_grad,
+    tied_input_embedding,
+)
+
+
+def plain_head_logprobs(hidden, weight, bias, index, temperature):
+    logits = F.linear(hidden, weight, bias).float() / temperature
+    return selective_log_softmax(logits, index, return_entropy=True)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_head_logprobs_equal_the_plain_log_softmax_with_gradients(bias, temperature):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 7, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    b = torch.randn(50, generator=g, requires_grad=True) if bias else None
+    index = torch.randint(0, 50, (3, 7), generator=g)
+    w_logp, w_ent = torch.rand(3, 7, generator=g), torch.rand(3, 7, generator=g)
+    grads = {}
+    for name in ("plain", "blocks"):
+        inputs = [hidden, weight] + ([b] if bias else [])
+        if name == "plain":
+            logp, ent = plain_head_logprobs(hidden, weight, b, index, temperature)
+        else:  # 4 float32 logits rows per block: 6 blocks, the last one short
+            logp, ent = head_logprobs(hidden, weight, b, index, temperature, True, block_bytes=4 * 50 * 4)
+        grads[name] = (logp.detach(), ent.detach(), torch.autograd.grad((logp * w_logp + ent * w_ent).sum(), inputs))
+    torch.testing.assert_close(grads["blocks"][0], grads["plain"][0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grads["blocks"][1], grads["plain"][1], rtol=1e-6, atol=1e-6)
+    for got, want in zip(grads["blocks"][2], grads["plain"][2]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_head_logprobs_without_entropy_and_in_bf16():
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 5, 8, generator=g).bfloat16().requires_grad_()
+    weight = torch.randn(30, 8, generator=g).bfloat16().requires_grad_()
+    index = torch.randint(0, 30, (2, 5), generator=g)
+    logp, entropy = head_logprobs(hidden, weight, None, index, block_bytes=3 * 30 * 4)
+    assert entropy is None and logp.dtype == torch.float32
+    want = plain_head_logprobs(hidden, weight, None, index, 1.0)[0]
+    torch.testing.assert_close(logp, want, rtol=0, atol=1e-5)  # the same bf16 products, cast to float32
+    got_grads = torch.autograd.grad(logp.sum(), [hidden, weight])
+    want_grads = torch.autograd.grad(want.sum(), [hidden, weight])
+    for got, want_grad in zip(got_grads, want_grads):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want_grad.float(), rtol=2e-2, atol=2e-2)  # bf16 rounding
+
+
+def test_head_logprobs_float32_head_projects_in_float32():
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(4, 8, generator=g).bfloat16()
+    weight = torch.randn(30, 8, generator=g)
+    index = torch.randint(0, 30, (4,), generator=g)
+    logp, _ = head_logprobs(hidden, weight, None, index, head_dtype=torch.float32)
+    want = selective_log_softmax(F.linear(hidden.float(), weight).unsqueeze(0), index.unsqueeze(0))[0]
+    torch.testing.assert_close(logp, want, rtol=1e-6, atol=1e-6)
+
+
+def test_head_logprobs_refuses_mismatched_shapes():
+    with pytest.raises(
+        ValueError, match=r"hidden states of shape \(2, 5, 8\) do not match token ids of shape \(2, 4\)"
+    ):
+        head_logprobs(torch.zeros(2, 5, 8), torch.zeros(30, 8), None, torch.zeros(2, 4, dtype=torch.long))
+
+
+def batch(vocab_size: int, rows: int = 6, prompt: int = 20, completion: int = 6):
+    g = torch.Generator().manual_seed(3)
+    prompts = torch.randint(3, vocab_size, (2, prompt), generator=g).repeat_interleave(rows // 2, 0)
+    ids = torch.cat([prompts, torch.randint(3, vocab_size, (rows, completion), generator=g)], 1)
+    mask = torch.ones_like(ids)
+    mask[::2, :2] = 0  # left padding on some rows
+    mask[1::3, -2:] = 0  # completions that ended early
+    return ids, mask
+
+
+def scores_and_grads(model, ids, mask, **kwargs):
+    model.zero_grad(set_to_none=True)
+    scores = score_completions(model, ids, mask, 6, 0.7, compute_entropy=True, entropy_grad=True, **kwargs)
+    ((scores.per_token_logps * 0.3 + scores.entropies * 0.1) * mask[:, -6:]).sum().backward()
+    return scores, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(chunked_logprobs=True),
+        dict(sparse_embedding_grad=True),
+        dict(chunked_logprobs=True, sparse_embedding_grad=True, share_prefix=True, min_prefix_tokens=4),
+    ],
+    ids=["chunked", "sparse_embedding", "all_with_shared_prefix"],
+)
+def test_score_completions_paths_equal_the_plain_pass(tiny_lm_path, kwargs):
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    assert tied_input_embedding(model) is model.model.embed_tokens  # the tiny Qwen2 ties its embeddings
+    ids, mask = batch(model.config.vocab_size)
+    plain, plain_grads = scores_and_grads(model, ids, mask)
+    calls, sparse = [], []
+    model.lm_head.register_forward_hook(lambda module, args, out: calls.append(tuple(out.shape)))
+    model.model.embed_tokens.register_forward_pre_hook(lambda module, args: sparse.append(module.sparse))
+    scores, grads = scores_and_grads(model, ids, mask, **kwargs)
+    passes = 2 if kwargs.get("share_prefix") else 1  # the prompt pass, then the completions on its cache
+    assert sparse == [kwargs.get("sparse_embedding_grad", False)] * passes
+    torch.testing.assert_close(scores.per_token_logps, plain.per_token_logps, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(scores.entropies, plain.entropies, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == plain_grads.keys() and not any(g.is_sparse for g in grads.values())
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    vocab = model.config.vocab_size
+    # the chunked path's head returns no logits (0 positions); the plain one, the 7 kept positions' logits
+    assert calls[-1] == ((6, 0, vocab) if kwargs.get("chunked_logprobs") else (6, 7, vocab))
+    assert "forward" not in vars(model.lm_head) and model.model.embed_tokens.sparse is False  # all restored
+
+
+def test_sparse_tied_embedding_grad_sets_the_flag_only_where_it_applies(tiny_lm_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    embedding = model.get_input_embeddings()
+    with sparse_tied_embedding_grad(model):
+        assert embedding.sparse is True
+    assert embedding.sparse is False
+    with torch.no_grad(), sparse_tied_embedding_grad(model):
+        assert embedding.sparse is False  # nothing to save without gradients
+    embedding.weight.requires_grad_(False)
+    assert tied_input_embedding(model) is None  # frozen (as under LoRA)
+    embedding.weight.requires_grad_(True)
+    model.lm_head.weight = nn.Parameter(embedding.weight.detach().clone())  # untied
+    assert tied_input_embedding(model) is None
+    with sparse_tied_embedding_grad(model):
+        assert embedding.sparse is False
+
+
+def test_chunked_logprobs_runs_plain_for_logit_transforms_and_adapted_heads(tiny_lm_path, caplog):
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    assert chunked_logprobs_blocker(model) is None
+    model.config.final_logit_softcapping = 30.0
+    assert chunked_logprobs_blocker(model) == "final_logit_softcapping=30.0 in the model config"
+    ids, mask = batch(model.config.vocab_size)
+    grpo_scoring._LOGGED_BLOCKERS.clear()
+    with caplog.at_level(logging.INFO, logger="trl.trainer.grpo_scoring"):
+        scores = score_completions(model, ids, mask, 6, 1.0, chunked_logprobs=True)
+    assert "chunked_logprobs: some log-prob passes run plain (final_logit_softcapping=30.0" in caplog.text
+    model.config.final_logit_softcapping = None
+    torch.testing.assert_close(scores.per_token_logps, score_completions(model, ids, mask, 6, 1.0).per_token_logps)
+    model.config.logits_scaling = 1.0  # a scale of 1 changes nothing
+    assert chunked_logprobs_blocker(model) is None
+
+    class Adapted(nn.Module):  # a PEFT-style layer around the head
+        def __init__(self, base_layer):
+            super().__init__()
+            self.base_layer, self.weight = base_layer, base_layer.weight
+
+    model.lm_head = Adapted(model.lm_head)
+    assert chunked_logprobs_blocker(model) == "an LM head of type Adapted"
+
+
+def test_chunked_logprobs_keeps_a_float32_head(tiny_lm_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.bfloat16)
+    cast_lm_head_to_fp32(model)
+    own_forward = model.lm_head.forward
+    ids, mask = batch(model.config.vocab_size)
+    with torch.no_grad():
+        plain = score_completions(model, ids, mask, 6, 1.0).per_token_logps
+        chunked = score_completions(model, ids, mask, 6, 1.0, chunked_logprobs=True).per_token_logps
+    assert model.lm_head.forward is own_forward and model.lm_head.weight.dtype == torch.float32
+    torch.testing.assert_close(chunked, plain, rtol=0, atol=1e-5)
+
+
+def test_chunked_logprobs_follows_autocast_inside_the_forward(tiny_lm_path):
+    """accelerate turns autocast on inside the prepared model's forward only: the head's product runs in bf16 there,
+    and so must the blocks (a float32 product would differ by ~1e-3 in the log-probs)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)
+    ids, mask = batch(model.config.vocab_size)
+    results = {}
+    for chunked in (False, True):
+        model.zero_grad(set_to_none=True)
+        logps = score_completions(model, ids, mask, 6, 1.0, chunked_logprobs=chunked).per_token_logps
+        (logps * mask[:, -6:]).sum().backward()
+        results[chunked] = (logps.detach(), model.model.norm.weight.grad.clone())
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(results[True][1], results[False][1], rtol=1e-2, atol=1e-3)
+    with torch.no_grad():  # the same blocks in float32 are measurably different: the test can tell the two apart
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -7:-1]
+        fp32 = head_logprobs(hidden.float(), model.lm_head.weight, None, ids[:, -6:], head_dtype=torch.float32)[0]
+    assert (fp32 - results[True][0]).abs().max() > 1e-4

@@ -1,0 +1,139 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Per-token log-probs and entropies straight from the LM head's input, a block of positions at a time, so that the
+`(positions × vocabulary)` float32 logits, their softmax and their gradient never exist whole, forward or backward.
+Pure tensors in and out; `grpo_scoring` decides when a forward pass uses it."""
+
+import torch
+from torch.autograd.function import once_differentiable
+from torch.nn import functional as F
+
+
+# Positions per block: the float32 logits of one block take at most this many bytes (64 MiB: 341 positions of a
+# 49,152-token vocabulary). A handful of such blocks is all the log-prob maths ever holds at once.
+DEFAULT_BLOCK_BYTES = 2**26
+
+
+def head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    index: torch.Tensor,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+    head_dtype: torch.dtype | None = None,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(z)[index] and the entropy of softmax(z), for z = (hidden · weightᵀ + bias) / temperature, computed
+    in blocks of positions; the backward recomputes each block's logits instead of storing them.
+
+    The logits are what the LM head computes: the product in `head_dtype` (what the head's forward used: autocast's
+    dtype when autocast was on around it, float32 for a head kept in float32 by `grpo_scoring.cast_lm_head_to_fp32`,
+    else the weight's dtype), then cast to float32 and divided by the temperature, as
+    `grpo_losses.selective_log_softmax` does. The results and gradients equal that path's up to float rounding (the
+    blocks' products may round differently, and the weight's gradient is summed over blocks in float32); the memory
+    is O(block) instead of O(positions × vocabulary), plus a float32 `(V, H)` gradient accumulator for a weight
+    stored in a lower precision, at the cost of a second LM-head product in the backward.
+
+    Args:
+        hidden: `(..., H)` the LM head's input (any float dtype).
+        weight: `(V, H)` the LM head's weight; `bias`: `(V,)` or `None`.
+        index: `(...)` int64 token ids whose log-probs are returned (the shape of `hidden` without `H`).
+        temperature: the sampling temperature (the logits are divided by it).
+        compute_entropy: also return the entropies −Σ p log p (nats); they carry a gradient when the caller needs one.
+        head_dtype: the dtype of the head's product; `None`: the weight's.
+        block_bytes: the most bytes one block's float32 logits may take.
+
+    Returns:
+        `(logps, entropies)`: float32 tensors of `index`'s shape; `entropies` is `None` without `compute_entropy`.
+
+    Raises:
+        ValueError: if `hidden` is not `index`'s shape plus the weight's hidden size.
+    """
+    if tuple(hidden.shape) != (*index.shape, weight.size(1)):
+        raise ValueError(
+            f"hidden states of shape {tuple(hidden.shape)} do not match token ids of shape {tuple(index.shape)} and "
+            f"an LM head weight of shape {tuple(weight.shape)}: expected {(*index.shape, weight.size(1))}."
+        )
+    rows = max(1, block_bytes // max(1, 4 * weight.size(0)))
+    logps, entropies = _HeadLogProbs.apply(
+        hidden.reshape(-1, hidden.size(-1)),
+        weight,
+        bias,
+        index.reshape(-1),
+        temperature,
+        compute_entropy,
+        head_dtype or weight.dtype,
+        rows,
+    )
+    return logps.view(index.shape), (entropies.view(index.shape) if compute_entropy else None)
+
+
+def _block_logits(hidden, weight, bias, temperature) -> torch.Tensor:
+    """`(rows, V)` float32 logits of one block; `weight` and `bias` already in the head's dtype."""
+    with torch.autocast(hidden.device.type, enabled=False):  # the dtype is chosen here, not by an outer autocast
+        logits = F.linear(hidden.to(weight.dtype), weight, bias).float()
+    return logits / temperature if temperature != 1.0 else logits
+
+
+class _HeadLogProbs(torch.autograd.Function):
+    """`head_logprobs` on flattened positions: `(M, H)` hidden states and `(M,)` ids in, `(M,)` float32 log-probs and
+    `(M,)` (or `(0,)`) float32 entropies out. Saves the inputs and the `(M,)` log-sum-exp, never the logits."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, index, temperature, compute_entropy, head_dtype, rows):
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets no gradient work
+        n = hidden.size(0)
+        head_weight = weight.to(head_dtype)  # once for all blocks (a no-op in the weight's own dtype)
+        head_bias = None if bias is None else bias.to(head_dtype)
+        logps = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropies = torch.empty(n if compute_entropy else 0, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        for start in range(0, n, rows):
+            block = slice(start, start + rows)
+            logits = _block_logits(hidden[block], head_weight, head_bias, temperature)
+            lse[block] = torch.logsumexp(logits, dim=-1)
+            logps[block] = logits.gather(-1, index[block].unsqueeze(-1)).squeeze(-1) - lse[block]
+            if compute_entropy:  # H = −Σ p log p, as the plain path sums it
+                log_probs = logits - lse[block].unsqueeze(-1)
+                entropies[block] = -(log_probs.exp() * log_probs).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, index, lse, entropies)
+        ctx.settings = (temperature, head_dtype, rows)
+        return logps, entropies
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logps, grad_entropies):
+        hidden, weight, bias, index, lse, entropies = ctx.saved_tensors
+        temperature, head_dtype, rows = ctx.settings
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        if grad_logps is None and grad_entropies is None:
+            return (None,) * 8
+        head_weight = weight.to(head_dtype)
+        head_bias = None if bias is None else bias.to(head_dtype)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None  # summed over blocks
+        grad_bias = torch.zeros(weight.size(0), dtype=torch.float32, device=weight.device) if need_bias else None
+        for start in range(0, hidden.size(0), rows):
+            block = slice(start, start + rows)
+            logits = _block_logits(hidden[block], head_weight, head_bias, temperature)
+            log_probs = logits - lse[block].unsqueeze(-1)
+            probs = log_probs.exp()
+            grad = torch.zeros_like(logits)
+            if grad_logps is not None:  # d logp_i / dz = onehot(i) − p
+                g = grad_logps[block].unsqueeze(-1)
+                grad -= probs * g
+                grad.scatter_add_(-1, index[block].unsqueeze(-1), g)
+            if grad_entropies is not None:  # d H / dz = −p (log p + H)
+                grad -= probs * (log_probs + entropies[block].unsqueeze(-1)) * grad_entropies[block].unsqueeze(-1)
+            if temperature != 1.0:
+                grad /= temperature
+            grad = grad.to(head_dtype)  # the plain path's float32 → head-dtype cast of the logits' gradient
+            if need_hidden:
+                grad_hidden[block] = (grad @ head_weight).to(hidden.dtype)
+            if need_weight:
+                grad_weight.addmm_(grad.t().float(), hidden[block].to(head_dtype).float())
+            if need_bias:
+                grad_bias += grad.float().sum(0)
+        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
+        grad_bias = grad_bias.to(bias.dtype) if need_bias else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
