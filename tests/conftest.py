@@ -92,6 +92,20 @@ def grpo_kwargs(tmp_path):
     return tiny_grpo_kwargs(str(tmp_path / "out"))
 
 
+def load_demo():
+    """examples/iterative_grpo_demo.py as a module (its `main(argv)` returns the summary), for tests/test_demo.py and
+    tests/slow/test_demo_slow.py."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "iterative_grpo_demo", os.path.join(root, "examples", "iterative_grpo_demo.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def tiny_grpo_kwargs(output_dir: str) -> dict:
     """The `grpo_kwargs` values, for module-scoped fixtures (which cannot use the per-test fixture)."""
     return dict(

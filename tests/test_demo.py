@@ -6,24 +6,16 @@ import json
 import os
 
 import pytest
+from conftest import load_demo
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACCURACY = "rewards/accuracy_reward/mean"
 
 
-def _load_demo():
-    spec = importlib.util.spec_from_file_location(
-        "iterative_grpo_demo", os.path.join(ROOT, "examples", "iterative_grpo_demo.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_demo_runs_and_reports(tmp_path):
     pytest.importorskip("matplotlib")
-    summary = _load_demo().main(["--output_dir", str(tmp_path), "--max_steps", "9", "--sync_steps", "3"])
+    summary = load_demo().main(["--output_dir", str(tmp_path), "--max_steps", "9", "--sync_steps", "3"])
     synced, fixed = summary["iterative"], summary["fixed"]
     assert summary["chance_accuracy"] == 0.1 and summary["beta"] == 0.5
     assert synced["steps"] == fixed["steps"] == 9

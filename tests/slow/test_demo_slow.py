@@ -2,22 +2,8 @@
 """The offline demo's full synced run (300 steps of a tiny model on the CPU, ~20 s): the skill is learnt. Moved here
 from tests/test_demo.py to keep the default suite within its time budget; CI runs it with the slow suite."""
 
-import importlib.util
-import os
-
 import pytest
-
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _load_demo():
-    spec = importlib.util.spec_from_file_location(
-        "iterative_grpo_demo", os.path.join(ROOT, "examples", "iterative_grpo_demo.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_demo
 
 
 @pytest.mark.slow
@@ -26,7 +12,7 @@ def test_demo_learns_to_echo_from_a_cold_start(tmp_path):
 
     Measured 0.86 over its last 30 steps (docs/source/grpo_trainer.md, cold-start table).
     """
-    summary = _load_demo().main(["--output_dir", str(tmp_path), "--max_steps", "300", "--skip_fixed", "--no_plot"])
+    summary = load_demo().main(["--output_dir", str(tmp_path), "--max_steps", "300", "--skip_fixed", "--no_plot"])
     synced = summary["iterative"]
     assert "fixed" not in summary and synced["num_syncs"] == 12 and synced["window"] == 40
     assert synced["initial_accuracy"] < 0.05  # a random model almost never starts with the right digit

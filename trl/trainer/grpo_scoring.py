@@ -123,6 +123,7 @@ def score_completions(
         chunked_logprobs = False
         _log_blocker(blocker, "chunked_logprobs")
     head_input = head_input_captured(model) if chunked_logprobs else nullcontext()
+    head = extract_model_from_parallel(model).get_output_embeddings() if chunked_logprobs else None
     with cache_kept_under_checkpointing(model) if share else nullcontext(), sparse, head_input as captured:
         for start in range(0, input_ids.size(0), batch_size):
             ids = input_ids[start : start + batch_size]
@@ -171,7 +172,6 @@ def score_completions(
                     )
                 hidden, head_dtype = captured[-1]  # the pass's last head call (a prompt pass may have made one too)
                 captured.clear()
-                head = extract_model_from_parallel(model).get_output_embeddings()
                 logp, entropy = head_logprobs(
                     hidden[:, :-1, :], head.weight, head.bias, targets, temperature, compute_entropy, head_dtype
                 )
