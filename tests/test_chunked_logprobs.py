@@ -3,6 +3,7 @@
 computation: values and gradients to float rounding, the paths taken, and what is restored."""
 
 import logging
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from trl.trainer.grpo_scoring import (
     sparse_tied_embedding_grad,
     tied_input_embedding,
 )
+from trl.trainer.weight_grads import TiedGradSink, _TiedLookup
 
 
 def plain_head_logprobs(hidden, weight, bias, index, temperature):
@@ -48,6 +50,28 @@ def test_head_logprobs_equal_the_plain_log_softmax_with_gradients(bias, temperat
     torch.testing.assert_close(grads["blocks"][1], grads["plain"][1], rtol=1e-6, atol=1e-6)
     for got, want in zip(grads["blocks"][2], grads["plain"][2]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_head_logprobs_single_block_is_kept_for_the_backward():
+    """One block (the default for a small batch): the forward's log-probs serve the backward, which does not
+    recompute them; a second backward of the same graph recomputes and gets the same gradients."""
+    g = torch.Generator().manual_seed(6)
+    hidden = torch.randn(2, 5, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    index = torch.randint(0, 50, (2, 5), generator=g)
+    plain_logp, plain_ent = plain_head_logprobs(hidden, weight, None, index, 0.7)
+    want = torch.autograd.grad((plain_logp * 0.3 + plain_ent * 0.1).sum(), [hidden, weight])
+    products, linear = [], F.linear
+    with patch("trl.trainer.chunked_logprobs.F.linear", side_effect=lambda *a: products.append(1) or linear(*a)):
+        logp, ent = head_logprobs(hidden, weight, None, index, 0.7, True)
+        loss = (logp * 0.3 + ent * 0.1).sum()
+        first = torch.autograd.grad(loss, [hidden, weight], retain_graph=True)
+        assert len(products) == 1  # the forward's only: the backward used the kept block
+        second = torch.autograd.grad(loss, [hidden, weight])
+        assert len(products) == 2  # recomputed
+    for got, again, expected in zip(first, second, want):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        assert torch.equal(got, again)
 
 
 def test_head_logprobs_without_entropy_and_in_bf16():
@@ -114,12 +138,20 @@ def test_score_completions_paths_equal_the_plain_pass(tiny_lm_path, kwargs):
     assert tied_input_embedding(model) is model.model.embed_tokens  # the tiny Qwen2 ties its embeddings
     ids, mask = batch(model.config.vocab_size)
     plain, plain_grads = scores_and_grads(model, ids, mask)
-    calls, sparse = [], []
+    calls, rerouted = [], []
     model.lm_head.register_forward_hook(lambda module, args, out: calls.append(tuple(out.shape)))
-    model.model.embed_tokens.register_forward_pre_hook(lambda module, args: sparse.append(module.sparse))
-    scores, grads = scores_and_grads(model, ids, mask, **kwargs)
+    model.model.embed_tokens.register_forward_pre_hook(lambda module, args: rerouted.append("forward" in vars(module)))
+    with torch.profiler.profile(record_shapes=True) as profile:
+        scores, grads = scores_and_grads(model, ids, mask, **kwargs)
     passes = 2 if kwargs.get("share_prefix") else 1  # the prompt pass, then the completions on its cache
-    assert sparse == [kwargs.get("sparse_embedding_grad", False)] * passes
+    assert rerouted == [kwargs.get("sparse_embedding_grad", False)] * passes
+    # copies of the tied weight's (V, H) gradient: autograd adds a lookup's sparse rows to the LM head's dense
+    # gradient out of place, one copy per lookup; none when the block-wise head collects the rows
+    vh = [model.config.vocab_size, model.config.hidden_size]
+    counts = {e.key: e.count for e in profile.key_averages(group_by_input_shape=True) if e.input_shapes[:1] == [vh]}
+    copies = counts.get("aten::copy_", 0) - counts.get("aten::clone", 0)  # not the clone of `scores_and_grads`
+    if kwargs.get("sparse_embedding_grad"):
+        assert copies == (0 if kwargs.get("chunked_logprobs") else passes)
     torch.testing.assert_close(scores.per_token_logps, plain.per_token_logps, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(scores.entropies, plain.entropies, rtol=1e-5, atol=1e-5)
     assert grads.keys() == plain_grads.keys() and not any(g.is_sparse for g in grads.values())
@@ -128,24 +160,71 @@ def test_score_completions_paths_equal_the_plain_pass(tiny_lm_path, kwargs):
     vocab = model.config.vocab_size
     # the chunked path's head returns no logits (0 positions); the plain one, the 7 kept positions' logits
     assert calls[-1] == ((6, 0, vocab) if kwargs.get("chunked_logprobs") else (6, 7, vocab))
-    assert "forward" not in vars(model.lm_head) and model.model.embed_tokens.sparse is False  # all restored
+    assert "forward" not in vars(model.lm_head) and "forward" not in vars(model.model.embed_tokens)  # all restored
 
 
-def test_sparse_tied_embedding_grad_sets_the_flag_only_where_it_applies(tiny_lm_path):
+def test_sparse_tied_embedding_grad_reroutes_only_where_it_applies(tiny_lm_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
     embedding = model.get_input_embeddings()
-    with sparse_tied_embedding_grad(model):
-        assert embedding.sparse is True
-    assert embedding.sparse is False
-    with torch.no_grad(), sparse_tied_embedding_grad(model):
-        assert embedding.sparse is False  # nothing to save without gradients
+    with sparse_tied_embedding_grad(model) as rerouted:
+        assert rerouted is embedding and "forward" in vars(embedding)
+    assert "forward" not in vars(embedding)
+    with torch.no_grad(), sparse_tied_embedding_grad(model) as rerouted:
+        assert rerouted is None and "forward" not in vars(embedding)  # nothing to save without gradients
     embedding.weight.requires_grad_(False)
     assert tied_input_embedding(model) is None  # frozen (as under LoRA)
     embedding.weight.requires_grad_(True)
+    embedding.scale_grad_by_freq = True  # a gradient scaled by token counts: left to nn.Embedding
+    assert tied_input_embedding(model) is None
+    embedding.scale_grad_by_freq = False
     model.lm_head.weight = nn.Parameter(embedding.weight.detach().clone())  # untied
     assert tied_input_embedding(model) is None
-    with sparse_tied_embedding_grad(model):
-        assert embedding.sparse is False
+    with sparse_tied_embedding_grad(model) as rerouted:
+        assert rerouted is None and "forward" not in vars(embedding)
+
+
+def tied_pass(weight, ids, sink, padding_idx=None, lookups=1):
+    """One pass of a tied weight: `lookups` embedding lookups of `ids`, then the block-wise head on their sum."""
+    hidden = sum(_TiedLookup.apply(ids, weight, sink, padding_idx) for _ in range(lookups))
+    return head_logprobs(hidden[:, :-1], weight, None, ids[:, 1:], grad_sink=sink)[0]
+
+
+def test_tied_grad_sink_hands_autograd_one_dense_sum():
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(40, 8, generator=g, requires_grad=True)
+    ids = torch.randint(0, 40, (3, 6), generator=g)
+    ids[0, :2] = 5  # the padding id: its row gets no gradient from the lookups
+    plain = F.embedding(ids, weight, padding_idx=5)
+    plain = plain + F.embedding(ids, weight, padding_idx=5)
+    want = torch.autograd.grad(head_logprobs(plain[:, :-1], weight, None, ids[:, 1:])[0].sum(), weight)[0]
+    sink = TiedGradSink()
+    logps = tied_pass(weight, ids, sink, padding_idx=5, lookups=2)
+    assert sink.registered == 3  # two lookups and the head
+    got = torch.autograd.grad(logps.sum(), weight, retain_graph=True)[0]
+    assert not got.is_sparse
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    # a second backward of the same graph (retain_graph): the sink starts over and gives the same sum
+    torch.testing.assert_close(torch.autograd.grad(logps.sum(), weight)[0], want, rtol=1e-6, atol=1e-6)
+    # without a sink the lookup's rows come back sparse
+    rows = torch.autograd.grad(_TiedLookup.apply(ids, weight, None, 5).sum(), weight)[0]
+    assert rows.is_sparse
+    torch.testing.assert_close(rows.to_dense(), torch.autograd.grad(F.embedding(ids, weight, 5).sum(), weight)[0])
+
+
+def test_tied_grad_sink_refuses_to_drop_a_gradient():
+    g = torch.Generator().manual_seed(5)
+    weight = torch.randn(40, 8, generator=g, requires_grad=True)
+    ids = torch.randint(0, 40, (2, 5), generator=g)
+    sink = TiedGradSink()
+    logps = tied_pass(weight, ids, sink)
+    orphan = _TiedLookup.apply(ids, weight, sink, None)  # registered, but the loss never reads it
+    assert orphan.requires_grad
+    with pytest.raises(
+        RuntimeError,
+        match=r"1 of 3 uses of the tied embedding weight got no gradient .*"
+        r"set `sparse_embedding_grad=False`",
+    ):
+        logps.sum().backward()
 
 
 def test_chunked_logprobs_runs_plain_for_logit_transforms_and_adapted_heads(tiny_lm_path, caplog):

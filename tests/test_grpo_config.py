@@ -109,6 +109,7 @@ OUR_ONLY_DEFAULTS = {
     "shared_prefix_scoring": True,
     "sparse_embedding_grad": True,
     "chunked_logprobs": True,
+    "retain_freed_cpu_memory": True,
     "max_prompt_length": None,
     "ref_model_sync_strategy": "steps",
     "reward_model_update_steps": None,

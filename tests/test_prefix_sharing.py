@@ -450,3 +450,29 @@ def test_shared_prefix_generation_is_exact_for_every_rope_type(rope_type):
     for prompt_length, model, ids, mask in batches:  # plain generate exactly where the two passes would differ
         blocker = shared_prefix_blocker(model, ids, mask, config)
         assert (blocker is not None) == (prompt_length == crosses), blocker
+
+
+def test_the_prefix_rows_gradient_is_the_same_in_every_run():
+    """The read-only prefix expands U prompts to N rows; the backward sums each prompt's N/U row gradients. With
+    `keys[inverse]` that sum ran as multi-threaded atomic adds on the CPU (from 32,768 elements on), in an order that
+    changed from run to run: a resumed run then differed from an uninterrupted one in the last bits."""
+    from trl.trainer.prefix_sharing import _PrefixLayer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(0)
+        keys = torch.randn(1, 3, 43, 64, generator=g, requires_grad=True)  # 8 rows of one prompt: 66,048 elements
+        values = torch.randn(1, 3, 43, 64, generator=g, requires_grad=True)
+        new = torch.randn(8, 3, 5, 64, generator=g)
+        weights = torch.randn(8, 3, 48, 64, generator=g)
+        grads = set()
+        for _ in range(50):
+            layer = _PrefixLayer(keys, values, torch.zeros(8, dtype=torch.long))
+            k, v = layer.update(new, new)
+            grad_k, grad_v = torch.autograd.grad(((k + v) * weights).sum(), [keys, values])
+            torch.testing.assert_close(grad_k, weights[:, :, :43].sum(0, keepdim=True), rtol=1e-5, atol=1e-5)
+            grads.add((grad_k.numpy().tobytes(), grad_v.numpy().tobytes()))
+        assert len(grads) == 1
+    finally:
+        torch.set_num_threads(threads)

@@ -162,8 +162,9 @@ def test_quantization_configs_are_trl_1_16s(upstream):
 
 
 def test_qlora_trains_on_the_cpu(tiny_lm_path, grpo_kwargs, arithmetic_dataset):
-    """4-bit base weights (bitsandbytes on the CPU) stay packed and bitwise unchanged; the LoRA B matrices move
-    (A gets no gradient while B is still zero)."""
+    """4-bit base weights (bitsandbytes on the CPU) stay packed and bitwise unchanged, also on a CPU with
+    AVX512-BF16 (where bitsandbytes 0.50 repacks them for inference); the LoRA B matrices move (A gets no gradient
+    while B is still zero)."""
     import bitsandbytes as bnb
 
     quantization = get_quantization_config(ModelConfig(load_in_4bit=True))
@@ -179,6 +180,9 @@ def test_qlora_trains_on_the_cpu(tiny_lm_path, grpo_kwargs, arithmetic_dataset):
     )
     q_proj = trainer.model.base_model.model.model.layers[0].self_attn.q_proj
     assert isinstance(q_proj.base_layer, bnb.nn.Linear4bit) and q_proj.base_layer.weight.dtype == torch.uint8
+    # bitsandbytes would repack the weight for its AVX512-BF16 CPU kernel in generation (eval mode), after which
+    # its training forward fails: the trainer keeps the loaded layout
+    assert q_proj.base_layer.support_avx512bf16_for_cpu is False
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
     after = {name: p.detach() for name, p in trainer.model.named_parameters()}

@@ -121,6 +121,7 @@ def load_policy(
         )
     else:  # a model the user loaded dense from a GGUF file is still marked quantized, which Trainer refuses
         model = drop_dequantized_gguf_quantizer(model)
+    keep_4bit_layout_for_training(model)
     given_peft_model = hasattr(model, "peft_config")
     if peft_config is not None:
         from peft import get_peft_model
@@ -129,6 +130,21 @@ def load_policy(
             model.enable_input_require_grads()
         model = get_peft_model(model, peft_config)
     return model, given_peft_model
+
+
+def keep_4bit_layout_for_training(model: nn.Module) -> int:
+    """Stop bitsandbytes from repacking `model`'s 4-bit weights for its CPU inference kernel; returns how many layers
+    were told.
+
+    On a CPU with AVX512-BF16, bitsandbytes 0.50's `Linear4bit` repacks its weight in place into another layout the
+    first time it runs in eval mode without gradients (GRPO's generation), and a later training forward on that
+    layout fails (`result += bias` on a tensor autograd tracks). The policy trains, so it keeps the layout it was
+    loaded in (`support_avx512bf16_for_cpu = False` on each such layer); other CPUs and GPUs are not affected.
+    """
+    layers = [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = False
+    return len(layers)
 
 
 def load_tokenizer(model: PreTrainedModel, args, tokenizer: PreTrainedTokenizerBase | None = None):

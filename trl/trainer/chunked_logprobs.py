@@ -22,6 +22,7 @@ def head_logprobs(
     compute_entropy: bool = False,
     head_dtype: torch.dtype | None = None,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    grad_sink=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(z)[index] and the entropy of softmax(z), for z = (hidden · weightᵀ + bias) / temperature, computed
     in blocks of positions; the backward recomputes each block's logits instead of storing them.
@@ -42,6 +43,8 @@ def head_logprobs(
         compute_entropy: also return the entropies −Σ p log p (nats); they carry a gradient when the caller needs one.
         head_dtype: the dtype of the head's product; `None`: the weight's.
         block_bytes: the most bytes one block's float32 logits may take.
+        grad_sink: a `weight_grads.TiedGradSink` that also collects the tied input embedding's gradient: the
+            weight's gradient goes through it (summed with the embedding's rows before autograd sees it).
 
     Returns:
         `(logps, entropies)`: float32 tensors of `index`'s shape; `entropies` is `None` without `compute_entropy`.
@@ -64,6 +67,7 @@ def head_logprobs(
         compute_entropy,
         head_dtype or weight.dtype,
         rows,
+        grad_sink,
     )
     return logps.view(index.shape), (entropies.view(index.shape) if compute_entropy else None)
 
@@ -77,25 +81,34 @@ def _block_logits(hidden, weight, bias, temperature) -> torch.Tensor:
 
 class _HeadLogProbs(torch.autograd.Function):
     """`head_logprobs` on flattened positions: `(M, H)` hidden states and `(M,)` ids in, `(M,)` float32 log-probs and
-    `(M,)` (or `(0,)`) float32 entropies out. Saves the inputs and the `(M,)` log-sum-exp, never the logits."""
+    `(M,)` (or `(0,)`) float32 entropies out. Saves the inputs and the `(M,)` log-sum-exp, and the `(M, V)` log-probs
+    only when they fit in one block."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, index, temperature, compute_entropy, head_dtype, rows):
+    def forward(ctx, hidden, weight, bias, index, temperature, compute_entropy, head_dtype, rows, sink):
         ctx.set_materialize_grads(False)  # an output the loss does not use gets no gradient work
+        ctx.sink = sink
+        if sink is not None:
+            sink.register()
         n = hidden.size(0)
         head_weight = weight.to(head_dtype)  # once for all blocks (a no-op in the weight's own dtype)
         head_bias = None if bias is None else bias.to(head_dtype)
         logps = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropies = torch.empty(n if compute_entropy else 0, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        log_probs = None
         for start in range(0, n, rows):
             block = slice(start, start + rows)
-            logits = _block_logits(hidden[block], head_weight, head_bias, temperature)
-            lse[block] = torch.logsumexp(logits, dim=-1)
-            logps[block] = logits.gather(-1, index[block].unsqueeze(-1)).squeeze(-1) - lse[block]
+            log_probs = _block_logits(hidden[block], head_weight, head_bias, temperature)  # a fresh (rows, V) tensor
+            lse[block] = torch.logsumexp(log_probs, dim=-1)
+            logps[block] = log_probs.gather(-1, index[block].unsqueeze(-1)).squeeze(-1) - lse[block]
+            log_probs.sub_(lse[block].unsqueeze(-1))  # the logits become log p in place
             if compute_entropy:  # H = −Σ p log p, as the plain path sums it
-                log_probs = logits - lse[block].unsqueeze(-1)
-                entropies[block] = -(log_probs.exp() * log_probs).sum(-1)
+                entropies[block] = -(log_probs.exp().mul_(log_probs)).sum(-1)
+        # A single block is kept for the backward, which then need not recompute it: the backward frees it first
+        # thing, well before its own peak (the weights' gradients at its end).
+        ctx.kept = log_probs if n <= rows and any(ctx.needs_input_grad[:3]) else None
+        del log_probs
         ctx.save_for_backward(hidden, weight, bias, index, lse, entropies)
         ctx.settings = (temperature, head_dtype, rows)
         return logps, entropies
@@ -107,7 +120,7 @@ class _HeadLogProbs(torch.autograd.Function):
         temperature, head_dtype, rows = ctx.settings
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         if grad_logps is None and grad_entropies is None:
-            return (None,) * 8
+            return (None, ctx.sink.done() if ctx.sink is not None else None) + (None,) * 7
         head_weight = weight.to(head_dtype)
         head_bias = None if bias is None else bias.to(head_dtype)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
@@ -115,16 +128,24 @@ class _HeadLogProbs(torch.autograd.Function):
         grad_bias = torch.zeros(weight.size(0), dtype=torch.float32, device=weight.device) if need_bias else None
         for start in range(0, hidden.size(0), rows):
             block = slice(start, start + rows)
-            logits = _block_logits(hidden[block], head_weight, head_bias, temperature)
-            log_probs = logits - lse[block].unsqueeze(-1)
-            probs = log_probs.exp()
-            grad = torch.zeros_like(logits)
-            if grad_logps is not None:  # d logp_i / dz = onehot(i) − p
-                g = grad_logps[block].unsqueeze(-1)
-                grad -= probs * g
-                grad.scatter_add_(-1, index[block].unsqueeze(-1), g)
-            if grad_entropies is not None:  # d H / dz = −p (log p + H)
-                grad -= probs * (log_probs + entropies[block].unsqueeze(-1)) * grad_entropies[block].unsqueeze(-1)
+            # one (rows, V) float32 buffer turned in place into log p, p and the logits' gradient (two with the
+            # entropies' gradient): d logp_i / dz = onehot(i) − p, d H / dz = −p (log p + H)
+            if start == 0 and ctx.kept is not None:  # the forward's block, used up (a second backward recomputes)
+                log_probs, ctx.kept = ctx.kept, None
+            else:
+                log_probs = _block_logits(hidden[block], head_weight, head_bias, temperature)
+                log_probs = log_probs.sub_(lse[block].unsqueeze(-1))
+            if grad_entropies is None:
+                grad = log_probs.exp_().mul_(-grad_logps[block].unsqueeze(-1))
+            else:
+                probs = log_probs.exp()
+                grad = log_probs.add_(entropies[block].unsqueeze(-1)).mul_(probs)
+                grad.mul_(-grad_entropies[block].unsqueeze(-1))
+                if grad_logps is not None:
+                    grad.sub_(probs.mul_(grad_logps[block].unsqueeze(-1)))
+                del probs
+            if grad_logps is not None:
+                grad.scatter_add_(-1, index[block].unsqueeze(-1), grad_logps[block].unsqueeze(-1))
             if temperature != 1.0:
                 grad /= temperature
             grad = grad.to(head_dtype)  # the plain path's float32 → head-dtype cast of the logits' gradient
@@ -136,4 +157,8 @@ class _HeadLogProbs(torch.autograd.Function):
                 grad_bias += grad.float().sum(0)
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+        if ctx.sink is not None:  # the tied embedding's rows are added to it before autograd gets the sum
+            if grad_weight is not None:
+                ctx.sink.add_dense(grad_weight)
+            grad_weight = ctx.sink.done()
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None

@@ -24,6 +24,7 @@ from .prefix_sharing import (
     split_lengths,
     text_config,
 )
+from .weight_grads import TiedGradSink, tied_lookups
 
 
 logger = logging.get_logger(__name__)
@@ -118,14 +119,21 @@ def score_completions(
     no_router_logits = (
         {"output_router_logits": False} if getattr(text_config(model), "output_router_logits", 0) else {}
     )
-    sparse = sparse_tied_embedding_grad(model) if sparse_embedding_grad else nullcontext()
+    sink = [None]  # the tied weight's gradient sink of the current pass (with chunked log-probs)
+    tied = sparse_tied_embedding_grad(model, lambda: sink[0]) if sparse_embedding_grad else nullcontext()
     if chunked_logprobs and (blocker := chunked_logprobs_blocker(model)) is not None:
         chunked_logprobs = False
         _log_blocker(blocker, "chunked_logprobs")
     head_input = head_input_captured(model) if chunked_logprobs else nullcontext()
     head = extract_model_from_parallel(model).get_output_embeddings() if chunked_logprobs else None
-    with cache_kept_under_checkpointing(model) if share else nullcontext(), sparse, head_input as captured:
+    with (
+        cache_kept_under_checkpointing(model) if share else nullcontext(),
+        tied as embedding,
+        head_input as captured,
+    ):
         for start in range(0, input_ids.size(0), batch_size):
+            # the LM head and every lookup of this pass hand autograd one summed gradient for the tied weight
+            sink[0] = TiedGradSink() if embedding is not None and chunked_logprobs else None
             ids = input_ids[start : start + batch_size]
             mask = attention_mask[start : start + batch_size]
             position_ids = position_ids_from_mask(mask)
@@ -173,7 +181,14 @@ def score_completions(
                 hidden, head_dtype = captured[-1]  # the pass's last head call (a prompt pass may have made one too)
                 captured.clear()
                 logp, entropy = head_logprobs(
-                    hidden[:, :-1, :], head.weight, head.bias, targets, temperature, compute_entropy, head_dtype
+                    hidden[:, :-1, :],
+                    head.weight,
+                    head.bias,
+                    targets,
+                    temperature,
+                    compute_entropy,
+                    head_dtype,
+                    grad_sink=sink[0],
                 )
                 out = (logp, entropy if entropy_grad else entropy.detach()) if compute_entropy else logp
             else:
@@ -203,6 +218,12 @@ def tied_input_embedding(model: nn.Module) -> nn.Embedding | None:
     embedding, head = get_input(), get_output()
     if not isinstance(embedding, nn.Embedding) or embedding.sparse or embedding.max_norm is not None:
         return None
+    if (
+        embedding.scale_grad_by_freq
+        or "forward" in vars(embedding)
+        or type(embedding).forward is not nn.Embedding.forward
+    ):
+        return None
     weight = embedding.weight
     if getattr(head, "weight", None) is not weight or not weight.requires_grad or tensor_layout(weight) != PLAIN:
         return None
@@ -210,27 +231,27 @@ def tied_input_embedding(model: nn.Module) -> nn.Embedding | None:
 
 
 @contextmanager
-def sparse_tied_embedding_grad(model: nn.Module):
-    """Forward passes inside this block give a tied input embedding (`tied_input_embedding`) a sparse gradient.
+def sparse_tied_embedding_grad(model: nn.Module, sink_of=lambda: None):
+    """Forward passes inside this block give a tied input embedding (`tied_input_embedding`) a gradient of its
+    looked-up rows only; yields the embedding, or `None` (a no-op) where it does not apply.
 
     The input embedding's dense backward writes a `(V, H)` zero tensor with the rows of the looked-up tokens added
     in, once per forward pass, and autograd then adds each of those to the LM head's dense `(V, H)` gradient of the
-    same weight: ~113 MB written and read twice per pass for SmolLM2-135M's 49,152 × 576 float32 embedding. With
-    `nn.Embedding.sparse` set for the forward, the embedding returns only its looked-up rows, which autograd adds
-    into the LM head's dense gradient: the weight's gradient stays dense (what the optimizer and gradient clipping
-    read) and equals the plain one up to the order of float additions. The flag is restored when the block ends;
-    the backward keeps the sparse kind recorded at forward time. Nothing changes (no-op) for an untied or frozen
-    embedding, a sharded weight, or an embedding with `max_norm`.
+    same weight: ~113 MB written and read twice per pass for SmolLM2-135M's 49,152 × 576 float32 embedding. Here the
+    embedding looks up through `weight_grads.tied_lookups`: with a `TiedGradSink` from `sink_of()` (the block-wise
+    LM head of `chunked_logprobs` takes part), its rows are added in place into the head's gradient before autograd
+    gets the sum; without one, it returns them as a sparse tensor, which autograd adds into the head's dense
+    gradient. Either way the weight's gradient is dense (what the optimizer and gradient clipping read) and equals
+    the plain one up to the order of float additions. The forward is restored when the block ends. Nothing changes
+    for an untied or frozen embedding, a sharded weight, an embedding with `max_norm` or `scale_grad_by_freq`, or
+    without gradients.
     """
     embedding = tied_input_embedding(model) if torch.is_grad_enabled() else None
     if embedding is None:
-        yield
+        yield None
         return
-    embedding.sparse = True
-    try:
-        yield
-    finally:
-        embedding.sparse = False
+    with tied_lookups(embedding, sink_of):
+        yield embedding
 
 
 def _log_blocker(blocker: str, field: str = "shared_prefix_scoring") -> None:

@@ -79,7 +79,10 @@ class _PrefixLayer(DynamicLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         self.reads += 1
-        keys, values = self.keys[self.inverse], self.values[self.inverse]
+        # index_select, not `keys[inverse]`: the backward of advanced indexing adds the rows' gradients with
+        # multi-threaded atomics on the CPU (index_put_ with accumulate=True from 32,768 elements on), in an order
+        # that changes from run to run; index_select's backward (index_add_) sums them in a fixed order
+        keys, values = self.keys.index_select(0, self.inverse), self.values.index_select(0, self.inverse)
         return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
 
