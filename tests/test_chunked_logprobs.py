@@ -281,3 +281,79 @@ def test_chunked_logprobs_follows_autocast_inside_the_forward(tiny_lm_path):
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -7:-1]
         fp32 = head_logprobs(hidden.float(), model.lm_head.weight, None, ids[:, -6:], head_dtype=torch.float32)[0]
     assert (fp32 - results[True][0]).abs().max() > 1e-4
+
+
+def test_tied_grad_sink_starts_over_after_a_failed_backward():
+    """A backward that raises half-way (retain_graph) leaves a partial sum; the next backward pass must not add to it."""
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(40, 8, generator=g, requires_grad=True)
+    ids = torch.randint(0, 40, (2, 5), generator=g)
+
+    class FailOnce(torch.autograd.Function):
+        failed = False
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            if not FailOnce.failed:
+                FailOnce.failed = True
+                raise ValueError("once")
+            return grad
+
+    sink = TiedGradSink()
+    hidden = _TiedLookup.apply(ids, weight, sink, None)
+    loss = head_logprobs(hidden[:, :-1], weight, None, ids[:, 1:], grad_sink=sink)[0].sum()
+    loss = loss + FailOnce.apply(hidden).sum()
+    with pytest.raises(ValueError, match="once"):
+        loss.backward(retain_graph=True)
+    weight.grad = None
+    loss.backward()
+    plain = F.embedding(ids, weight)
+    want = torch.autograd.grad(head_logprobs(plain[:, :-1], weight, None, ids[:, 1:])[0].sum() + plain.sum(), weight)
+    torch.testing.assert_close(weight.grad, want[0], rtol=1e-6, atol=1e-6)
+    with torch.no_grad():  # no graph: nothing registers, nothing waits for a backward
+        fresh = TiedGradSink()
+        head_logprobs(_TiedLookup.apply(ids, weight, None, None)[:, :-1], weight, None, ids[:, 1:], grad_sink=fresh)
+    assert fresh.registered == 0
+
+
+def test_a_prompt_pass_whose_cache_is_dropped_costs_no_gradient(tiny_lm_path, monkeypatch):
+    """`shared_prefix_cache` can run the prompt pass and still return None (a layer that wrote nothing): the
+    plain pass that follows must not wait for the dropped prompt lookup's gradient."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    ids, mask = batch(model.config.vocab_size)
+    plain, plain_grads = scores_and_grads(model, ids, mask)
+    real = grpo_scoring.shared_prefix_cache
+    monkeypatch.setattr(grpo_scoring, "shared_prefix_cache", lambda *a: real(*a) and None)
+    kwargs = dict(chunked_logprobs=True, sparse_embedding_grad=True, share_prefix=True, min_prefix_tokens=4)
+    scores, grads = scores_and_grads(model, ids, mask, **kwargs)
+    torch.testing.assert_close(scores.per_token_logps, plain.per_token_logps, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_an_embedding_subclass_with_its_own_forward_gets_the_sparse_flag(tiny_lm_path):
+    """Gemma scales its embedding in a forward of its own: the rerouted lookup would skip it, so the subclass
+    keeps its forward and nn.Embedding's sparse gradient (set for the pass, restored after)."""
+
+    class ScaledEmbedding(nn.Embedding):
+        def forward(self, input_ids):
+            return super().forward(input_ids) * 2.0
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    old = model.model.embed_tokens
+    scaled = ScaledEmbedding(old.num_embeddings, old.embedding_dim, old.padding_idx)
+    scaled.weight = old.weight  # still tied to the LM head
+    model.model.embed_tokens = scaled
+    ids, mask = batch(model.config.vocab_size)
+    plain, plain_grads = scores_and_grads(model, ids, mask)
+    flags = []
+    scaled.register_forward_pre_hook(lambda module, args: flags.append((module.sparse, "forward" in vars(module))))
+    scores, grads = scores_and_grads(model, ids, mask, chunked_logprobs=True, sparse_embedding_grad=True)
+    assert flags == [(True, False)] and scaled.sparse is False
+    for name, grad in grads.items():
+        assert not grad.is_sparse
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)

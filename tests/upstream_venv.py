@@ -36,7 +36,9 @@ def upstream_trl_python() -> str:
         return python
     steps = [
         [sys.executable, "-m", "venv", "--system-site-packages", UPSTREAM_VENV],
-        [python, "-m", "pip", "install", "-q", "--no-deps", f"trl=={UPSTREAM_TRL_VERSION}"],
+        # --ignore-installed: this package (1.16.0+iterative...) satisfies `trl==1.16.0` under PEP 440's local-version
+        # rule, so pip would otherwise keep ours from the system site-packages and install nothing
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", f"trl=={UPSTREAM_TRL_VERSION}"],
     ]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True)

@@ -23,6 +23,7 @@ def head_logprobs(
     head_dtype: torch.dtype | None = None,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     grad_sink=None,
+    keep_block: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(z)[index] and the entropy of softmax(z), for z = (hidden · weightᵀ + bias) / temperature, computed
     in blocks of positions; the backward recomputes each block's logits instead of storing them.
@@ -45,6 +46,10 @@ def head_logprobs(
         block_bytes: the most bytes one block's float32 logits may take.
         grad_sink: a `weight_grads.TiedGradSink` that also collects the tied input embedding's gradient: the
             weight's gradient goes through it (summed with the embedding's rows before autograd sees it).
+        keep_block: when all positions fit in one block and a backward will follow, keep that block's `(M, V)`
+            float32 log-probs from the forward to the backward instead of recomputing them (one LM-head product
+            less; `False` for callers that run several forwards before one backward, which would hold one block
+            each).
 
     Returns:
         `(logps, entropies)`: float32 tensors of `index`'s shape; `entropies` is `None` without `compute_entropy`.
@@ -67,7 +72,8 @@ def head_logprobs(
         compute_entropy,
         head_dtype or weight.dtype,
         rows,
-        grad_sink,
+        grad_sink if torch.is_grad_enabled() else None,  # no graph, no backward to wait for
+        keep_block,
     )
     return logps.view(index.shape), (entropies.view(index.shape) if compute_entropy else None)
 
@@ -85,10 +91,10 @@ class _HeadLogProbs(torch.autograd.Function):
     only when they fit in one block."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, index, temperature, compute_entropy, head_dtype, rows, sink):
+    def forward(ctx, hidden, weight, bias, index, temperature, compute_entropy, head_dtype, rows, sink, keep_block):
         ctx.set_materialize_grads(False)  # an output the loss does not use gets no gradient work
-        ctx.sink = sink
-        if sink is not None:
+        ctx.sink = sink if ctx.needs_input_grad[1] else None  # the weight's gradient goes through the sink
+        if ctx.sink is not None:
             sink.register()
         n = hidden.size(0)
         head_weight = weight.to(head_dtype)  # once for all blocks (a no-op in the weight's own dtype)
@@ -107,7 +113,7 @@ class _HeadLogProbs(torch.autograd.Function):
                 entropies[block] = -(log_probs.exp().mul_(log_probs)).sum(-1)
         # A single block is kept for the backward, which then need not recompute it: the backward frees it first
         # thing, well before its own peak (the weights' gradients at its end).
-        ctx.kept = log_probs if n <= rows and any(ctx.needs_input_grad[:3]) else None
+        ctx.kept = log_probs if keep_block and n <= rows and any(ctx.needs_input_grad[:3]) else None
         del log_probs
         ctx.save_for_backward(hidden, weight, bias, index, lse, entropies)
         ctx.settings = (temperature, head_dtype, rows)
@@ -120,7 +126,7 @@ class _HeadLogProbs(torch.autograd.Function):
         temperature, head_dtype, rows = ctx.settings
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         if grad_logps is None and grad_entropies is None:
-            return (None, ctx.sink.done() if ctx.sink is not None else None) + (None,) * 7
+            return (None, ctx.sink.done() if ctx.sink is not None else None) + (None,) * 8
         head_weight = weight.to(head_dtype)
         head_bias = None if bias is None else bias.to(head_dtype)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
@@ -161,4 +167,4 @@ class _HeadLogProbs(torch.autograd.Function):
             if grad_weight is not None:
                 ctx.sink.add_dense(grad_weight)
             grad_weight = ctx.sink.done()
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None

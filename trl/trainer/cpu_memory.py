@@ -31,7 +31,8 @@ def retain_freed_memory() -> bool:
     """Make glibc keep freed memory in the process for later allocations (`mallopt`: mmap threshold 32 MiB, trim
     threshold 2 GiB), for the rest of the process; returns whether the settings are in effect.
 
-    Only for glibc (Linux); elsewhere, or if `mallopt` refuses, nothing changes and `False` is returned. Setting the
+    Only for glibc (Linux); elsewhere nothing changes and `False` is returned, as when `mallopt` refuses (a setting
+    accepted before the refused one stays, and a warning says so). Setting the
     mmap threshold also turns off glibc's own adjustment of it. The process's resident memory then stays near its
     high-water mark instead of shrinking between steps, and its peak can be somewhat higher (blocks kept for reuse
     that the peak's allocations do not fit into): measured on SmolLM2-135M, see "Where a real-model step goes" in
@@ -44,10 +45,14 @@ def retain_freed_memory() -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-        ok = ok and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
+        mmap_set = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+        ok = mmap_set and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
     except (OSError, AttributeError):
         return False
+    if mmap_set and not ok:
+        logger.warning(
+            "retain_freed_cpu_memory: glibc took the mmap threshold (32 MiB) but refused the trim threshold."
+        )
     if ok:
         _applied = True
         logger.info("retain_freed_cpu_memory: glibc keeps freed memory for reuse (mmap threshold 32 MiB).")

@@ -90,8 +90,8 @@ def score_completions(
         min_prefix_tokens: share only prompts (padded width P) with at least this many tokens before their last one;
             `None` reads `MIN_SHARED_PREFIX_TOKENS` at call time. Below it the second forward costs more than the
             positions it saves.
-        sparse_embedding_grad: with gradients, let a tied input embedding return a sparse gradient (see
-            `sparse_tied_embedding_grad`).
+        sparse_embedding_grad: with gradients, let a tied input embedding produce only its looked-up rows'
+            gradient, added into the LM head's (see `sparse_tied_embedding_grad`).
         chunked_logprobs: compute the log-probs and entropies from the LM head's input a block of positions at a
             time (`chunked_logprobs.head_logprobs`), so that the `(rows, L, V)` float32 logits never exist whole; a
             pass runs plain where `chunked_logprobs_blocker` names a reason (logged once).
@@ -148,6 +148,8 @@ def score_completions(
                 if share_here
                 else None
             )
+            if cache is None and share_here and sink[0] is not None:  # a prompt pass whose cache is not used:
+                sink[0] = TiedGradSink()  # its lookup gets no gradient, so the plain pass counts on a new sink
             if cache is None:
                 extra = {"output_router_logits": True} if compute_aux_loss else {}
                 outputs = model(
@@ -189,6 +191,7 @@ def score_completions(
                     compute_entropy,
                     head_dtype,
                     grad_sink=sink[0],
+                    keep_block=batch_size >= input_ids.size(0),  # one forward before the backward
                 )
                 out = (logp, entropy if entropy_grad else entropy.detach()) if compute_entropy else logp
             else:
@@ -218,11 +221,7 @@ def tied_input_embedding(model: nn.Module) -> nn.Embedding | None:
     embedding, head = get_input(), get_output()
     if not isinstance(embedding, nn.Embedding) or embedding.sparse or embedding.max_norm is not None:
         return None
-    if (
-        embedding.scale_grad_by_freq
-        or "forward" in vars(embedding)
-        or type(embedding).forward is not nn.Embedding.forward
-    ):
+    if embedding.scale_grad_by_freq or "forward" in vars(embedding):
         return None
     weight = embedding.weight
     if getattr(head, "weight", None) is not weight or not weight.requires_grad or tensor_layout(weight) != PLAIN:
@@ -241,7 +240,8 @@ def sparse_tied_embedding_grad(model: nn.Module, sink_of=lambda: None):
     embedding looks up through `weight_grads.tied_lookups`: with a `TiedGradSink` from `sink_of()` (the block-wise
     LM head of `chunked_logprobs` takes part), its rows are added in place into the head's gradient before autograd
     gets the sum; without one, it returns them as a sparse tensor, which autograd adds into the head's dense
-    gradient. Either way the weight's gradient is dense (what the optimizer and gradient clipping read) and equals
+    gradient (an embedding subclass with a forward of its own, such as Gemma's scaled embedding, gets
+    `nn.Embedding`'s own sparse gradient instead). Either way the weight's gradient is dense (what the optimizer and gradient clipping read) and equals
     the plain one up to the order of float additions. The forward is restored when the block ends. Nothing changes
     for an untied or frozen embedding, a sharded weight, an embedding with `max_norm` or `scale_grad_by_freq`, or
     without gradients.
@@ -249,6 +249,13 @@ def sparse_tied_embedding_grad(model: nn.Module, sink_of=lambda: None):
     embedding = tied_input_embedding(model) if torch.is_grad_enabled() else None
     if embedding is None:
         yield None
+        return
+    if type(embedding).forward is not nn.Embedding.forward:  # a subclass with its own forward (Gemma's scaled
+        embedding.sparse = True  # embedding): nn.Embedding's sparse gradient, inside the subclass's forward
+        try:
+            yield embedding
+        finally:
+            embedding.sparse = False
         return
     with tied_lookups(embedding, sink_of):
         yield embedding

@@ -25,26 +25,27 @@ class TiedGradSink:
     runs last returns the total (`done`); the others return `None`. Autograd then receives one dense gradient for the
     weight instead of a dense one and a sparse one per lookup, which it would add out of place (a new `(V, H)`
     tensor per lookup). If a registered use's backward does not run in a backward pass that ran another's (so the
-    total would never be returned), that backward ends with a `RuntimeError` instead of losing the gradient.
+    total would never be returned), that backward ends with a `RuntimeError` instead of losing the gradient. The
+    count starts over in every backward pass (autograd's graph task), also after one that failed half-way.
     """
 
     def __init__(self):
-        self.registered = 0  # uses recorded in the forward
+        self.registered = 0  # uses recorded in the forward (only those that need the weight's gradient)
         self.pending = 0  # uses whose backward has not run yet in the current backward pass
         self.grad = None
-        self.checking = False
+        self.task = None  # the backward pass (graph task id) the count belongs to
 
     def register(self) -> None:
         self.registered += 1
-        self.pending += 1
 
     def _begin(self) -> None:
-        if not self.checking:  # first use in this backward pass: check at its end that every use ran
-            self.checking = True
+        task = torch._C._current_graph_task_id()
+        if task != self.task:  # first use in this backward pass: start over, and check at its end that all ran
+            self.task, self.pending, self.grad = task, self.registered, None
             torch.autograd.Variable._execution_engine.queue_callback(self._check)
 
     def _check(self) -> None:
-        pending, self.pending, self.checking, self.grad = self.pending, self.registered, False, None
+        pending, self.task, self.grad = self.pending, None, None
         if pending:
             raise RuntimeError(
                 f"{pending} of {self.registered} uses of the tied embedding weight got no gradient in this backward "
@@ -66,6 +67,8 @@ class TiedGradSink:
         last one, `None` for the others."""
         self._begin()
         self.pending -= 1
+        if self.pending < 0:
+            raise RuntimeError("A use of the tied embedding weight ran its backward twice in one backward pass.")
         if self.pending:
             return None
         grad, self.grad = self.grad, None
@@ -80,6 +83,8 @@ class _TiedLookup(torch.autograd.Function):
     def forward(ctx, ids, weight, sink, padding_idx):
         ctx.save_for_backward(ids)
         ctx.sink, ctx.padding_idx, ctx.weight_shape = sink, padding_idx, weight.shape
+        if not ctx.needs_input_grad[1]:  # no gradient for the weight from this lookup (frozen, no_grad)
+            sink = ctx.sink = None
         ctx.weight = weight if sink is not None else None  # the sink allocates the sum like the weight
         if sink is not None:
             sink.register()
@@ -106,7 +111,8 @@ def tied_lookups(embedding: nn.Embedding, sink_of):
     each call (`None`: a sparse gradient). Its forward is restored when the block ends."""
 
     def forward(ids):
-        return _TiedLookup.apply(ids, embedding.weight, sink_of(), embedding.padding_idx)
+        sink = sink_of() if torch.is_grad_enabled() else None  # no graph, no backward to wait for
+        return _TiedLookup.apply(ids, embedding.weight, sink, embedding.padding_idx)
 
     embedding.forward = forward
     try:
