@@ -6,8 +6,10 @@ Upstream TRL must live in its own virtual environment so that the two `trl` pack
     python3 -m venv /tmp/trl-upstream
     /tmp/trl-upstream/bin/pip install torch==2.13.0          # pin torch: the CPU wheel, not a CUDA build
     /tmp/trl-upstream/bin/pip install trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0
+    /tmp/trl-upstream/bin/pip install peft==0.21.2 bitsandbytes==0.50.2   # what ours' test extras install
 
-(the library versions setup.py's floors name, so that both sides run the same ones; `--smoke` uses the venv of
+(the library versions setup.py's floors name, so that both sides run the same ones, and import the same: transformers'
+`Trainer` imports peft, and peft bitsandbytes, when they are installed, ~50-100 MB of RSS; `--smoke` uses the venv of
 tests/upstream_venv.py instead, which shares this environment's libraries), then, with the Python where this package
 is installed (upstream's Python defaults to /opt/trl-upstream/bin/python or /tmp/trl-upstream/bin/python, whichever
 exists):
