@@ -26,7 +26,8 @@ def head_logprobs(
     keep_block: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(z)[index] and the entropy of softmax(z), for z = (hidden · weightᵀ + bias) / temperature, computed
-    in blocks of positions; the backward recomputes each block's logits instead of storing them.
+    in blocks of positions; the backward recomputes each block's logits instead of storing them (all but a single
+    block, which is kept when `keep_block`).
 
     The logits are what the LM head computes: the product in `head_dtype` (what the head's forward used: autocast's
     dtype when autocast was on around it, float32 for a head kept in float32 by `grpo_scoring.cast_lm_head_to_fp32`,
@@ -34,7 +35,8 @@ def head_logprobs(
     `grpo_losses.selective_log_softmax` does. The results and gradients equal that path's up to float rounding (the
     blocks' products may round differently, and the weight's gradient is summed over blocks in float32); the memory
     is O(block) instead of O(positions × vocabulary), plus a float32 `(V, H)` gradient accumulator for a weight
-    stored in a lower precision, at the cost of a second LM-head product in the backward.
+    stored in a lower precision, at the cost of a second LM-head product in the backward when there is more than one
+    block.
 
     Args:
         hidden: `(..., H)` the LM head's input (any float dtype).

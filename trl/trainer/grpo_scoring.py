@@ -240,11 +240,11 @@ def sparse_tied_embedding_grad(model: nn.Module, sink_of=lambda: None):
     embedding looks up through `weight_grads.tied_lookups`: with a `TiedGradSink` from `sink_of()` (the block-wise
     LM head of `chunked_logprobs` takes part), its rows are added in place into the head's gradient before autograd
     gets the sum; without one, it returns them as a sparse tensor, which autograd adds into the head's dense
-    gradient (an embedding subclass with a forward of its own, such as Gemma's scaled embedding, gets
-    `nn.Embedding`'s own sparse gradient instead). Either way the weight's gradient is dense (what the optimizer and gradient clipping read) and equals
-    the plain one up to the order of float additions. The forward is restored when the block ends. Nothing changes
-    for an untied or frozen embedding, a sharded weight, an embedding with `max_norm` or `scale_grad_by_freq`, or
-    without gradients.
+    gradient. An embedding subclass with a forward of its own (Gemma's scaled embedding) keeps that forward and gets
+    `nn.Embedding`'s sparse gradient instead. Either way the weight's gradient is dense (what the optimizer and
+    gradient clipping read) and equals the plain one up to the order of float additions. The forward (or the flag)
+    is restored when the block ends. Nothing changes for an untied or frozen embedding, a sharded weight, an
+    embedding with `max_norm` or `scale_grad_by_freq`, or without gradients.
     """
     embedding = tied_input_embedding(model) if torch.is_grad_enabled() else None
     if embedding is None:
