@@ -21,6 +21,7 @@ exists):
     python benchmarks/compare_upstream_trl.py --preset fewshot                # long prompts
     python benchmarks/compare_upstream_trl.py --preset smollm2                # a real pretrained model, chat prompts
     python benchmarks/compare_upstream_trl.py --impls ours --ours_kwargs '{"generation_implementation": "generate"}'
+    python benchmarks/compare_upstream_trl.py --preset smollm2 --ours_kwargs '{"offload_ref_model": true}'
     python benchmarks/compare_upstream_trl.py --smoke          # tiny preset, sync every step, 2 steps, 1 run each;
                                                                # upstream from tests/upstream_venv.py
 
@@ -32,7 +33,8 @@ SmolLM2-135M-Instruct (LlamaForCausalLM, 134.5M parameters, 30 layers, hidden 57
 on chat prompts (one user message, "What is 3 + 5? Answer with the number only."; the model's chat template adds its
 default system prompt: 44-45 tokens) with an exact-answer reward (1 for the number alone, 0.5 when the reply's last
 number is the answer), 2 prompts × 8 completions of at most 16 tokens per step, learning rate 1e-5, the soft sync
-every 4 steps, 2 torch threads, 6 steps/run (2 dropped) and 2 repeats by default. Its prompts are ~3/4 of each
+every 4 steps, 1 torch thread, 4 steps/run (1 dropped) and 2 repeats by default (`--threads 2` gave the same
+ratio, 0.43×, in one window). Its prompts are ~3/4 of each
 sequence, so ours' shared-prefix defaults (below) do much of its work once per group instead of once per row.
 
 The tiny presets' model folder is built once (with `trl.models.tiny.build_tiny_causal_lm`); `smollm2`'s is the GGUF

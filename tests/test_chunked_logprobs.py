@@ -3,6 +3,7 @@
 computation: values and gradients to float rounding, the paths taken, and what is restored."""
 
 import logging
+import os
 from unittest.mock import patch
 
 import pytest
@@ -357,3 +358,38 @@ def test_an_embedding_subclass_with_its_own_forward_gets_the_sparse_flag(tiny_lm
     for name, grad in grads.items():
         assert not grad.is_sparse
         torch.testing.assert_close(grad, plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("share_prefix", [False, True], ids=["plain", "shared_prefix"])
+def test_grouped_kv_attention_is_bitwise_the_copied_heads(tiny_lm_path, share_prefix, monkeypatch):
+    from transformers.integrations import sdpa_attention
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32, attn_implementation="sdpa")
+    assert model.config.num_attention_heads // model.config.num_key_value_heads == 2  # grouped-query attention
+    ids, mask = batch(model.config.vocab_size)
+    kwargs = dict(share_prefix=share_prefix, min_prefix_tokens=4, chunked_logprobs=True)
+    copies = []
+    repeat_kv = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: copies.append(n) or repeat_kv(x, n))
+    monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
+    copied, copied_grads = scores_and_grads(model, ids, mask, **kwargs)
+    layers = model.config.num_hidden_layers * (2 if share_prefix else 1)
+    assert copies == [2] * 2 * layers  # keys and values, every layer of every forward
+    copies.clear()
+    grouped, grouped_grads = scores_and_grads(model, ids, mask, grouped_kv_attention=True, **kwargs)
+    assert copies == [] and "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ  # restored
+    assert torch.equal(grouped.per_token_logps, copied.per_token_logps)
+    assert torch.equal(grouped.entropies, copied.entropies)
+    # two query heads per key/value head: the kernel's sum of their key/value gradients is one exact addition
+    assert all(torch.equal(grouped_grads[n], g) for n, g in copied_grads.items())
+
+    assert grpo_scoring.grouped_kv_sdpa_applies(model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    assert not grpo_scoring.grouped_kv_sdpa_applies(model)  # the recomputation would run outside the block
+    with torch.no_grad():
+        assert grpo_scoring.grouped_kv_sdpa_applies(model)
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")
+    with grpo_scoring.grouped_kv_sdpa():
+        assert os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] == "1"
+    assert os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] == "0"

@@ -102,16 +102,18 @@ TRL_1_16_DEFAULTS = {
     "vllm_structured_outputs_regex": None,
     "vllm_tensor_parallel_size": 1,
 }
-# Ours only: the generation path, the scoring paths, the opt-in prompt cut, the per-epoch sync strategy and Algorithm 1's reward-model
-# refresh.
+# Ours only: the generation path, the scoring paths, the opt-in prompt cut, the per-epoch sync strategy, the reference's
+# offload and Algorithm 1's reward-model refresh.
 OUR_ONLY_DEFAULTS = {
     "generation_implementation": "shared_prefix",
     "shared_prefix_scoring": True,
     "sparse_embedding_grad": True,
     "chunked_logprobs": True,
+    "grouped_kv_attention": True,
     "retain_freed_cpu_memory": True,
     "max_prompt_length": None,
     "ref_model_sync_strategy": "steps",
+    "offload_ref_model": False,
     "reward_model_update_steps": None,
     "reward_model_replay_ratio": 0.1,
     "reward_model_learning_rate": 1e-5,

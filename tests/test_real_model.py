@@ -176,11 +176,12 @@ def checkpointed_run(smollm2_path, tmp_path_factory):
     return trainer, output_dir
 
 
-def test_resume_is_bitwise(smollm2_path, checkpointed_run, tmp_path):
+@pytest.mark.parametrize("offload", [False, True], ids=["in_memory", "offloaded_reference"])
+def test_resume_is_bitwise(smollm2_path, checkpointed_run, tmp_path, offload):
     uninterrupted, output_dir = checkpointed_run
-    args = GRPOConfig(
-        **real_grpo_kwargs(tmp_path, sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5)
-    )
+    sync = dict(sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5)
+    # the resumed run may keep its reference in a file (offload_ref_model): restored, synced and read from there
+    args = GRPOConfig(**real_grpo_kwargs(tmp_path, offload_ref_model=offload, **sync))
     resumed = GRPOTrainer(smollm2_path, length_reward, args=args, train_dataset=sum_questions())
     resumed.train(resume_from_checkpoint=str(output_dir / "checkpoint-1"))
 
@@ -247,6 +248,7 @@ def test_shared_prefix_scoring_equals_the_plain_pass_on_chat_prompts(smollm2_pat
     # trainer's defaults)
     paths = {"plain": {}, "shared": dict(share_prefix=True)}
     paths["defaults"] = dict(share_prefix=True, chunked_logprobs=True, sparse_embedding_grad=True)
+    paths["grouped"] = dict(paths["defaults"], grouped_kv_attention=True)  # 9 query heads on 3 key/value heads
     for name, kwargs in paths.items():
         model.zero_grad(set_to_none=True)
         scores = score_completions(model, input_ids, mask, 8, 0.7, compute_entropy=True, **kwargs)
@@ -254,8 +256,14 @@ def test_shared_prefix_scoring_equals_the_plain_pass_on_chat_prompts(smollm2_pat
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         results[name] = (scores.per_token_logps.detach(), scores.entropies.detach(), grads)
     prompt_length = input_ids.shape[1] - 8
-    # plain; 2 prompts once, then 8 rows on their cache; the same two passes with the defaults
-    assert calls == [(8, input_ids.shape[1]), (2, prompt_length - 1), (8, 9), (2, prompt_length - 1), (8, 9)]
+    # plain; 2 prompts once, then 8 rows on their cache; the same two passes with the defaults, then grouped
+    assert calls == [(8, input_ids.shape[1])] + [(2, prompt_length - 1), (8, 9)] * 3
+    # grouped key/value heads: the same log-probs and entropies to the bit; the kernel sums each key/value head's
+    # gradient over its 3 query heads in its own order (measured: relative differences ~1e-6)
+    grouped, defaults = results["grouped"], results["defaults"]
+    assert torch.equal(grouped[0], defaults[0]) and torch.equal(grouped[1], defaults[1])
+    worst = max(((grouped[2][n] - g).norm() / g.norm()).item() for n, g in defaults[2].items())
+    assert worst < 1e-5, worst
     plain = results["plain"]
     assert not any(g.is_sparse for g in results["defaults"][2].values())
     for name in ("shared", "defaults"):

@@ -4,6 +4,7 @@ reward models are refreshed (`RewardModelRefreshCallback`); TRL 1.16's rich prog
 (`RichProgressCallback`) and completion logging to wandb/Comet (`LogCompletionsCallback`)."""
 
 import math
+from contextlib import nullcontext
 
 from accelerate.utils import gather_object
 from torch import nn
@@ -52,6 +53,9 @@ class SyncRefModelCallback(TrainerCallback):
         self.num_syncs = 0
         self.last_sync_step = 0
         self._sync: ReferenceSync | None = None  # the pairing, matched by name and validated once
+        # a block in which the reference is in memory and may be written (`GRPOTrainer._reference_loaded`: an
+        # offloaded reference, `offload_ref_model`)
+        self.reference_loaded = lambda write: nullcontext()
 
     @classmethod
     def attach(cls, callback_handler, ref_model: nn.Module | None, accelerator=None) -> "SyncRefModelCallback":
@@ -71,7 +75,8 @@ class SyncRefModelCallback(TrainerCallback):
             unwrap = self.accelerator.unwrap_model if self.accelerator is not None else (lambda m: m)
             reference = unwrap(self.ref_model) if self.ref_model is not None else None  # None: PEFT "ref" adapter
             self._sync = pair_for_sync(unwrap(model), reference)  # DDP / DeepSpeed engines -> modules
-        self._sync(args.ref_model_mixup_alpha)
+        with self.reference_loaded(write=True):
+            self._sync(args.ref_model_mixup_alpha)
         self.num_syncs += 1
         self.last_sync_step = state.global_step
 

@@ -131,6 +131,15 @@ class GRPOConfig(TrainingArguments):
             `(completions × completion tokens × vocabulary)` float32 logits, their softmax and their gradient never
             exist whole. Same values and gradients up to float rounding. Passes run plain for LM heads with a PEFT
             adapter, sharded heads and models that transform the logits after the head (softcapping, logit scales).
+        grouped_kv_attention (`bool`, *optional*, defaults to `True`):
+            In the log-prob passes on the CPU, let SDPA attention read grouped-query key/value heads directly
+            (`enable_gqa=True`) instead of transformers' copy of each key/value head per query head that it serves,
+            which it makes whenever there is an attention mask. On the CPU's flash kernel the log-probs and
+            entropies are the same to the bit and the gradients to float rounding (the kernel sums a key/value head's
+            gradient over its query heads in its own, fixed order); the copies' memory, saved for the backward, is
+            gone and the attention is faster. Not
+            on accelerators (where a masked grouped SDPA falls back to the math kernel) and not in a training pass
+            under gradient checkpointing (the recomputation would run without it); `grpo_scoring.grouped_kv_sdpa`.
         retain_freed_cpu_memory (`bool`, *optional*, defaults to `True`):
             When training on the CPU with glibc (Linux), keep the memory that freed tensors give back inside the
             process for the next ones (`mallopt`: mmap threshold 32 MiB, trim threshold 2 GiB) instead of returning
@@ -246,6 +255,15 @@ class GRPOConfig(TrainingArguments):
         ref_model_sync_strategy (`str`, *optional*, defaults to `"steps"`):
             `"steps"` syncs every `ref_model_sync_steps` optimizer steps; `"epoch"` syncs at the end of every
             epoch instead.
+        offload_ref_model (`bool`, *optional*, defaults to `False`):
+            Not in TRL 1.16. On a CPU run, keep the reference model's weights in a memory-mapped file in
+            `output_dir` (unlinked at once; gone when the process ends) and drop them from the process's memory after
+            each use (its log-prob pass, a sync, a checkpoint save or restore), so that they are not resident during
+            the policy's forward and backward, where the peak is (`trainer.ref_offload`). Same bits, so the same
+            training; each use faults the weights in again from the page cache (or, after the kernel reclaimed it,
+            the disk). Needs a separate reference model (`beta > 0`, no PEFT adapter) held on the CPU as plain
+            tensors (not DeepSpeed ZeRO-3 or FSDP2), Linux and a disk-backed `output_dir` (on `tmpfs` the pages
+            stay in RAM).
 
         > Parameters that control reward-model refresh (Algorithm 1)
 
@@ -383,6 +401,10 @@ class GRPOConfig(TrainingArguments):
         default=True,
         metadata={"help": "Compute log-probs and entropies from the LM head's input in blocks of positions."},
     )
+    grouped_kv_attention: bool = field(
+        default=True,
+        metadata={"help": "CPU log-prob passes: SDPA reads grouped key/value heads without copying them per head."},
+    )
     retain_freed_cpu_memory: bool = field(
         default=True,
         metadata={"help": "On a CPU run (glibc), keep freed memory in the process for reuse (mallopt)."},
@@ -458,6 +480,10 @@ class GRPOConfig(TrainingArguments):
     ref_model_sync_steps: int = field(default=512, metadata={"help": "Sync every this many optimizer steps."})
     ref_model_sync_strategy: str = field(
         default="steps", metadata={"help": "'steps' or 'epoch'.", "choices": SYNC_STRATEGIES}
+    )
+    offload_ref_model: bool = field(
+        default=False,
+        metadata={"help": "CPU runs: keep the reference's weights in a mapped file, out of memory between uses."},
     )
 
     # Reward-model refresh (Algorithm 1)
@@ -567,6 +593,8 @@ class GRPOConfig(TrainingArguments):
             errors.append(f"max_prompt_length must be at least 1 or None (got {self.max_prompt_length}).")
         if self.beta < 0:
             errors.append(f"beta must be >= 0 (got {self.beta}).")
+        if self.offload_ref_model and self.beta == 0.0:
+            errors.append("offload_ref_model=True needs a reference model: set beta > 0, or offload_ref_model=False.")
         if self.num_iterations < 1:
             errors.append(f"num_iterations must be at least 1 (got {self.num_iterations}).")
         if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0):

@@ -11,6 +11,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -101,6 +102,7 @@ from .grpo_rewards import (
     weighted_rewards,
 )
 from .grpo_scoring import cast_lm_head_to_fp32, router_aux_loss_settings, score_completions
+from .ref_offload import OffloadedReference
 from .ref_sync import make_reference, non_persistent_buffer_names
 from .reward_model_refresh import RewardModelRefresh
 from .trl_compat import TRLTrainerSurface, check_overrides
@@ -271,6 +273,15 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
 
         if self.ref_model is not None:
             self.ref_model = prepare_inference_model(self.ref_model, self.accelerator)
+        self.ref_offload: OffloadedReference | None = None
+        if args.offload_ref_model:
+            if self.ref_model is None:
+                raise ValueError(
+                    "offload_ref_model=True needs a separate reference model; with a PEFT policy the reference is "
+                    "the base model with the adapter off or a frozen adapter copy, nothing to offload. Set "
+                    "offload_ref_model=False."
+                )
+            self.ref_offload = OffloadedReference(self.accelerator.unwrap_model(self.ref_model), args.output_dir)
         for i, func in enumerate(self.reward_funcs):
             if isinstance(func, PreTrainedModel):
                 func.eval().requires_grad_(False)
@@ -279,6 +290,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self.sync_callback: SyncRefModelCallback | None = None  # a user-supplied one is bound, else one is added
         if args.sync_ref_model:
             self.sync_callback = SyncRefModelCallback.attach(self.callback_handler, self.ref_model, self.accelerator)
+            self.sync_callback.reference_loaded = self._reference_loaded
         self.reward_model_refresh = RewardModelRefresh.for_trainer(self, reward_model_label_func)  # None: frozen
         if self.reward_model_refresh is not None:  # registered before the sync: update, then reset the reference
             RewardModelRefreshCallback(self.reward_model_refresh).register(self.callback_handler)
@@ -375,7 +387,12 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             self.reward_model_refresh.save(folder, self.args.should_save)
         if self.sync_callback is not None:
             state, file = self.sync_callback.state_dict(), self._reference_file
-            save_reference_state(self._reference_tensors(), folder, file, state, self.args.should_save)
+            with self._reference_loaded():
+                save_reference_state(self._reference_tensors(), folder, file, state, self.args.should_save)
+
+    def _reference_loaded(self, write: bool = False):
+        """A block in which an offloaded reference (`offload_ref_model`) is in memory; `write=True` for changes."""
+        return self.ref_offload.loaded(write) if self.ref_offload is not None else nullcontext()
 
     def _load_callback_state(self) -> None:
         # With `restore_callback_states_from_checkpoint`, Trainer swaps in a new EntropyCoefficient: use that one.
@@ -386,7 +403,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
     def _load_reference_state(self, checkpoint: str) -> None:
         ref_model = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
         ignorable = non_persistent_buffer_names(ref_model)  # saved by earlier versions, derived: not restored
-        state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file, ignorable)
+        with self._reference_loaded(write=True):
+            state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file, ignorable)
         if state is None:  # e.g. a TRL checkpoint: the reference is rebuilt from the policy once it is loaded
             state, resume_alpha = reference_state_without_file(checkpoint, self._reference_file, self.args)
             if resume_alpha is not None:  # with the α of the run that wrote the checkpoint
@@ -652,15 +670,16 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             share_prefix=self.args.shared_prefix_scoring,
             sparse_embedding_grad=self.args.sparse_embedding_grad,
             chunked_logprobs=self.args.chunked_logprobs,
+            grouped_kv_attention=self.args.grouped_kv_attention,
         )
         return scores.per_token_logps, scores.entropies, scores.aux_loss
 
     def _ref_per_token_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
         if self.ref_model is not None:
-            model = self.ref_model
-            return self._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size
-            )[0]
+            with self._reference_loaded():
+                return self._get_per_token_logps_and_entropies(
+                    self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size
+                )[0]
         peft_model = self.accelerator.unwrap_model(self.model)
         context = use_adapter(peft_model, self.ref_adapter) if self.ref_adapter else peft_model.disable_adapter()
         with context:
