@@ -3,7 +3,7 @@
 computation: values and gradients to float rounding, the paths taken, and what is restored."""
 
 import logging
-import os
+import threading
 from unittest.mock import patch
 
 import pytest
@@ -371,13 +371,12 @@ def test_grouped_kv_attention_is_bitwise_the_copied_heads(tiny_lm_path, share_pr
     copies = []
     repeat_kv = sdpa_attention.repeat_kv
     monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: copies.append(n) or repeat_kv(x, n))
-    monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
     copied, copied_grads = scores_and_grads(model, ids, mask, **kwargs)
     layers = model.config.num_hidden_layers * (2 if share_prefix else 1)
     assert copies == [2] * 2 * layers  # keys and values, every layer of every forward
     copies.clear()
     grouped, grouped_grads = scores_and_grads(model, ids, mask, grouped_kv_attention=True, **kwargs)
-    assert copies == [] and "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ  # restored
+    assert copies == [] and not grpo_scoring._GROUPED_KV.get()  # only inside the pass
     assert torch.equal(grouped.per_token_logps, copied.per_token_logps)
     assert torch.equal(grouped.entropies, copied.entropies)
     # two query heads per key/value head: the kernel's sum of their key/value gradients is one exact addition
@@ -389,7 +388,10 @@ def test_grouped_kv_attention_is_bitwise_the_copied_heads(tiny_lm_path, share_pr
     assert not grpo_scoring.grouped_kv_sdpa_applies(model)  # the recomputation would run outside the block
     with torch.no_grad():
         assert grpo_scoring.grouped_kv_sdpa_applies(model)
-    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")
-    with grpo_scoring.grouped_kv_sdpa():
-        assert os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] == "1"
-    assert os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] == "0"
+    seen = []
+    with grpo_scoring.grouped_kv_sdpa():  # this thread only
+        thread = threading.Thread(target=lambda: seen.append(grpo_scoring._GROUPED_KV.get()))
+        thread.start()
+        thread.join()
+        seen.append(grpo_scoring._GROUPED_KV.get())
+    assert seen == [False, True]

@@ -4,6 +4,7 @@ the same training bit for bit (sync, checkpoint and resume included)."""
 
 import os
 import platform
+import weakref
 
 import pytest
 import torch
@@ -57,20 +58,22 @@ def test_weights_keep_their_bits_and_leave_memory(model_dir, tmp_path):
     assert all(torch.equal(after[k], before[k]) for k in before)
     assert resident_kib(start, offload.nbytes) * 1024 >= 0.9 * offload.nbytes
 
-    with offload.loaded():  # private copies; the file's pages are dropped as each tensor is copied
+    with offload.loaded():  # private copies, read with preadv; the pages resident since the read above are dropped
         assert not any(in_file(p) for p in model.parameters())
         assert resident_kib(start, offload.nbytes) == 0
+        copies = [weakref.ref(p.data.untyped_storage()) for p in model.parameters()]
         assert all(torch.equal(model.state_dict()[k], before[k]) for k in before)
         with torch.no_grad():
             model.lm_head.weight.add_(1.0)  # lost: the block does not write back
     assert all(in_file(p) for p in model.parameters()) and resident_kib(start, offload.nbytes) == 0
+    assert all(copy() is None for copy in copies)  # the private copies are freed
     assert torch.equal(model.lm_head.weight, before["lm_head.weight"])
     with offload.loaded(write=True):
         with offload.loaded():  # nested: joins the outer block
             with torch.no_grad():
                 model.lm_head.weight.add_(1.0)
         assert not in_file(model.lm_head.weight)
-    assert resident_kib(start, offload.nbytes) == 0  # written back, then dropped: the data is the file's
+    assert resident_kib(start, offload.nbytes) == 0  # written back with pwritev: the data is the file's
     assert torch.equal(model.model.embed_tokens.weight, before["lm_head.weight"] + 1.0)
 
 
@@ -89,18 +92,21 @@ def test_refuses_what_it_cannot_offload(model_dir, tmp_path):
 
 
 class Resident(TrainerCallback):
-    """After each optimizer step's callbacks (the sync included): KiB of the reference's file resident."""
+    """After each optimizer step's callbacks (the sync included): KiB of the reference's file resident, and whether
+    the reference's parameters are the file's views."""
 
     def __init__(self, trainer):
-        self.trainer, self.kib = trainer, []
+        self.trainer, self.kib, self.views = trainer, [], []
 
     def on_step_end(self, args, state, control, **kwargs):
         offload = self.trainer.ref_offload
         self.kib.append(resident_kib(offload.storage.data_ptr(), offload.nbytes))
+        self.views.append(all(p.data_ptr() == v.data_ptr() for p, v in zip(offload.params, offload.views)))
 
 
 def test_training_sync_checkpoint_and_resume_are_bitwise_the_same(model_dir, tmp_path):
-    common = dict(ref_model_mixup_alpha=0.5, ref_model_sync_steps=1, max_steps=4)
+    # a sync every 2 steps: step 1's end sees what its log-prob pass left (a sync would drop resident pages)
+    common = dict(ref_model_mixup_alpha=0.5, ref_model_sync_steps=2, max_steps=4)
     plain = make_trainer(model_dir, tmp_path / "plain", **common)
     plain.train()
 
@@ -111,8 +117,9 @@ def test_training_sync_checkpoint_and_resume_are_bitwise_the_same(model_dir, tmp
     run.add_callback(_interrupt_at(2))
     run.add_callback(resident)  # after the sync callback
     run.train()
-    # every step read the reference (its log-prob pass) and wrote it (the sync); none of it stayed resident
-    assert resident.kib == [0, 0]
+    # every step read the reference (its log-prob pass), step 2 wrote it (the sync) and saved it: none of the file
+    # became resident, and the private copies were gone again
+    assert resident.kib == [0, 0] and resident.views == [True, True]
     resumed = make_trainer(model_dir, tmp_path / "b", offload_ref_model=True, **common)
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-2"))
 
@@ -124,3 +131,50 @@ def test_training_sync_checkpoint_and_resume_are_bitwise_the_same(model_dir, tmp
     assert losses == [h["loss"] for h in resumed.state.log_history if "loss" in h] and len(losses) == 4
     # the KL was not zero: the reference was read and mattered
     assert any(h["kl"] > 0 for h in plain.state.log_history if "kl" in h)
+
+
+def test_a_failed_write_back_keeps_the_values(model_dir, tmp_path, monkeypatch):
+    from trl.trainer import ref_offload
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).requires_grad_(False)
+    offload = OffloadedReference(model, str(tmp_path))
+    expected = model.lm_head.weight.detach().clone() + 1.0
+    real_pwrite, calls = ref_offload._pwrite, []
+
+    def failing_once(fd, tensor, offset):
+        calls.append(offset)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real_pwrite(fd, tensor, offset)
+
+    monkeypatch.setattr(ref_offload, "_pwrite", failing_once)
+    with pytest.raises(OSError, match="No space left"):
+        with offload.loaded(write=True):
+            with torch.no_grad():
+                model.lm_head.weight.add_(1.0)
+    # nothing was pointed back: every parameter is still its private copy, with the new values
+    assert not any(p.data_ptr() == v.data_ptr() for p, v in zip(offload.params, offload.views))
+    assert torch.equal(model.lm_head.weight, expected)
+    with offload.loaded():  # joins the copies (no re-read of the stale file) and writes them at its end
+        assert torch.equal(model.lm_head.weight, expected)
+    assert all(p.data_ptr() == v.data_ptr() for p, v in zip(offload.params, offload.views))
+    assert torch.equal(model.lm_head.weight, expected)
+    with torch.no_grad():
+        model.lm_head.weight.data = model.lm_head.weight.data.double()  # a cast between uses
+    with pytest.raises(RuntimeError, match="no longer matches its slot in the offload file"):
+        with offload.loaded():
+            pass
+
+
+def test_the_trainer_passes_grouped_kv_attention(model_dir, tmp_path, monkeypatch):
+    from trl.trainer import grpo_trainer
+
+    seen, score = [], grpo_trainer.score_completions
+    monkeypatch.setattr(
+        grpo_trainer, "score_completions", lambda *a, **k: seen.append(k["grouped_kv_attention"]) or score(*a, **k)
+    )
+    for value in (True, False):
+        trainer = make_trainer(model_dir, tmp_path / str(value), grouped_kv_attention=value, max_steps=1)
+        trainer.train()
+        assert set(seen) == {value}  # the reference pass and the loss
+        seen.clear()

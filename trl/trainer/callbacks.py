@@ -64,6 +64,7 @@ class SyncRefModelCallback(TrainerCallback):
         existing = [cb for cb in callback_handler.callbacks if isinstance(cb, cls)]
         if existing:
             existing[0].ref_model, existing[0].accelerator = ref_model, accelerator
+            existing[0]._sync = None  # paired again with this trainer's models at the first sync
             return existing[0]
         callback = cls(ref_model=ref_model, accelerator=accelerator)
         callback_handler.add_callback(callback)

@@ -135,11 +135,11 @@ class GRPOConfig(TrainingArguments):
             In the log-prob passes on the CPU, let SDPA attention read grouped-query key/value heads directly
             (`enable_gqa=True`) instead of transformers' copy of each key/value head per query head that it serves,
             which it makes whenever there is an attention mask. On the CPU's flash kernel the log-probs and
-            entropies are the same to the bit and the gradients to float rounding (the kernel sums a key/value head's
-            gradient over its query heads in its own, fixed order); the copies' memory, saved for the backward, is
-            gone and the attention is faster. Not
-            on accelerators (where a masked grouped SDPA falls back to the math kernel) and not in a training pass
-            under gradient checkpointing (the recomputation would run without it); `grpo_scoring.grouped_kv_sdpa`.
+            entropies are the same to the bit and the gradients equal to float rounding (the kernel sums a key/value
+            head's gradient over its query heads in its own, fixed order); the copies' memory, saved for the
+            backward, is gone and the attention is faster. Not on accelerators (where a masked grouped SDPA falls
+            back to the math kernel) and not in a training pass under gradient checkpointing (the recomputation would
+            run without it); see `grpo_scoring.grouped_kv_sdpa`.
         retain_freed_cpu_memory (`bool`, *optional*, defaults to `True`):
             When training on the CPU with glibc (Linux), keep the memory that freed tensors give back inside the
             process for the next ones (`mallopt`: mmap threshold 32 MiB, trim threshold 2 GiB) instead of returning
@@ -257,13 +257,15 @@ class GRPOConfig(TrainingArguments):
             epoch instead.
         offload_ref_model (`bool`, *optional*, defaults to `False`):
             Not in TRL 1.16. On a CPU run, keep the reference model's weights in a memory-mapped file in
-            `output_dir` (unlinked at once; gone when the process ends) and drop them from the process's memory after
-            each use (its log-prob pass, a sync, a checkpoint save or restore), so that they are not resident during
-            the policy's forward and backward, where the peak is (`trainer.ref_offload`). Same bits, so the same
-            training; each use faults the weights in again from the page cache (or, after the kernel reclaimed it,
-            the disk). Needs a separate reference model (`beta > 0`, no PEFT adapter) held on the CPU as plain
-            tensors (not DeepSpeed ZeRO-3 or FSDP2), Linux and a disk-backed `output_dir` (on `tmpfs` the pages
-            stay in RAM).
+            `output_dir` (unlinked at once; gone when the process ends), not resident in the process's memory between
+            uses: each use (its log-prob pass, a sync, a checkpoint save or restore) reads them into private copies
+            in the memory that the policy's backward leaves free, and frees them afterwards (a sync or restore writes
+            them back first), so they are not resident during the policy's forward and backward, where the peak is
+            (`trainer.ref_offload`). Same bits, so the same training; each use reads the weights (538 MB for
+            SmolLM2-135M in fp32) from the page cache, or from the disk after the kernel reclaimed it. Needs a
+            separate reference model (`beta > 0`, no PEFT adapter) held on the CPU as plain tensors (not DeepSpeed
+            ZeRO-3 or FSDP2), Linux and a disk-backed `output_dir` (on `tmpfs` the pages stay in RAM: a warning says
+            so).
 
         > Parameters that control reward-model refresh (Algorithm 1)
 

@@ -2,7 +2,8 @@
 """Scoring completions with a model: per-token log-probs and entropies at the sampling temperature, the MoE router
 auxiliary loss, and the float32 LM head. The trainer calls these; the maths on their outputs is in `grpo_losses`."""
 
-import os
+import contextvars
+import functools
 from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
@@ -44,40 +45,66 @@ class Scores(NamedTuple):
     aux_loss: torch.Tensor | None
 
 
-# transformers' switch (integrations/sdpa_attention.py, read at every call): SDPA gets `enable_gqa=True` also with a mask
-_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+# Set inside `grouped_kv_sdpa` (per thread: contexts do not cross threads); read by the wrapped `use_gqa_in_sdpa`.
+_GROUPED_KV = contextvars.ContextVar("grouped_kv_sdpa", default=False)
 
 
 def grouped_kv_sdpa_applies(model: nn.Module) -> bool:
     """Whether `grouped_kv_sdpa` may wrap a pass of `model`: its parameters are on the CPU (on CUDA a masked grouped
     SDPA falls back to the math kernel) and, with gradients, no layer recomputes its forward in the backward
-    (gradient checkpointing), which would run outside the block and see differently shaped saved tensors."""
+    (transformers' gradient checkpointing, torch's `CheckpointWrapper`), which would run outside the block and see
+    differently shaped saved tensors."""
     first = next(model.parameters(), None)
     if first is None or first.device.type != "cpu":
         return False
-    checkpointed = any(getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules())
-    return not (torch.is_grad_enabled() and checkpointed)
+    if not torch.is_grad_enabled():
+        return True
+    return not any(
+        (getattr(m, "gradient_checkpointing", False) and m.training) or type(m).__name__ == "CheckpointWrapper"
+        for m in model.modules()
+    )
+
+
+def _wrap_use_gqa_in_sdpa() -> bool:
+    """Wrap transformers' `integrations.sdpa_attention.use_gqa_in_sdpa` (the check that `sdpa_attention_forward` makes
+    at every call, by its module-level name) once, so that it answers `True` inside `grouped_kv_sdpa`; `False` when
+    this transformers has no such function (the block then changes nothing)."""
+    from transformers.integrations import sdpa_attention
+
+    original = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
+    if original is None:
+        return False
+    if not getattr(original, "_grouped_kv_sdpa", False):
+
+        @functools.wraps(original)
+        def use_gqa_in_sdpa(*args, **kwargs):
+            return _GROUPED_KV.get() or original(*args, **kwargs)
+
+        use_gqa_in_sdpa._grouped_kv_sdpa = True
+        sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+    return True
 
 
 @contextmanager
 def grouped_kv_sdpa():
-    """Inside the block, transformers' SDPA attention hands grouped-query key/value heads to
+    """Inside the block (in this thread), transformers' SDPA attention hands grouped-query key/value heads to
     `torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)` also when there is an attention mask,
-    instead of first copying each key/value head once per query head it serves (`repeat_kv`). On the CPU's flash
-    kernel the outputs are bitwise those of the copies and the gradients equal to float rounding (the kernel sums a
-    key/value head's gradient over its query heads in its own order, the same in every run; tested on SmolLM2),
-    the copies' memory (saved for the backward: `(rows, query heads, tokens, head dim)` twice per layer) is gone and the attention is faster (1.8× forward and
-    backward for SmolLM2's 9 query heads on 3 key/value heads, 16 rows of 60 tokens, one thread). Sets `TRANSFORMERS_SDPA_FORCE_GQA=1` for the block (process-wide;
-    the previous value is restored); attention implementations other than SDPA ignore it."""
-    previous = os.environ.get(_FORCE_GQA)
-    os.environ[_FORCE_GQA] = "1"
+    instead of first copying each key/value head once per query head it serves (`repeat_kv`): transformers' own
+    switch for this (`use_gqa_in_sdpa`, which says yes without a mask on CUDA, or with `TRANSFORMERS_SDPA_FORCE_GQA=1`)
+    answers yes. On the CPU's flash kernel the outputs are bitwise those of the copies and the gradients equal to
+    float rounding (the kernel sums a key/value head's gradient over its query heads in its own order, the same in
+    every run; tested on SmolLM2). The copies' memory, saved for the backward (`(rows, query heads, tokens, head
+    dim)` twice per layer), is gone and the attention is faster: 1.8× forward and backward for SmolLM2's 9 query
+    heads on 3 key/value heads, 16 rows of 60 tokens, one thread. Attention implementations other than SDPA and
+    models without grouped heads are not affected."""
+    if not _wrap_use_gqa_in_sdpa():
+        yield
+        return
+    token = _GROUPED_KV.set(True)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(_FORCE_GQA, None)
-        else:
-            os.environ[_FORCE_GQA] = previous
+        _GROUPED_KV.reset(token)
 
 
 def score_completions(

@@ -403,7 +403,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
     def _load_reference_state(self, checkpoint: str) -> None:
         ref_model = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
         ignorable = non_persistent_buffer_names(ref_model)  # saved by earlier versions, derived: not restored
-        with self._reference_loaded(write=True):
+        saved = os.path.exists(os.path.join(checkpoint, self._reference_file))  # else nothing is written
+        with self._reference_loaded(write=saved):
             state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file, ignorable)
         if state is None:  # e.g. a TRL checkpoint: the reference is rebuilt from the policy once it is loaded
             state, resume_alpha = reference_state_without_file(checkpoint, self._reference_file, self.args)

@@ -1,9 +1,10 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Keeping a CPU reference model's weights out of the process's resident memory between its uses: they live in a
-file-backed shared memory mapping whose pages are dropped after each use (`offload_ref_model=True`)."""
+"""Keeping a CPU reference model's weights out of the process's resident memory between its uses: they live in an
+unlinked file, mapped shared, and are read into private copies only while the trainer uses them
+(`offload_ref_model=True`)."""
 
 import ctypes
-import ctypes.util
+import functools
 import mmap
 import os
 import platform
@@ -13,9 +14,14 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from transformers.utils import logging
 
+
+logger = logging.get_logger(__name__)
 
 MADV_DONTNEED = 4  # Linux madvise(2): drop the range's page-table entries; a shared file mapping keeps its data
+# file systems whose pages are RAM: a file there saves nothing
+_RAM_FILE_SYSTEMS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
 
 
 class OffloadedReference:
@@ -28,14 +34,16 @@ class OffloadedReference:
     reference then (a user's callback) still sees the right values: the pages fault in again. Inside [`loaded`] the
     parameters are private copies in the process's heap, the memory that the policy's freed gradients and
     activations left there: the reference and the policy's backward take turns in it. The file is unlinked at once:
-    the mapping keeps it alive until the process ends, and nothing is left on disk after a crash. Tied parameters
-    stay tied (`model.parameters()` yields each once and both modules hold the same `Parameter`). Buffers stay where
-    they are.
+    the mapping keeps it alive until the process ends, and on a local file system nothing is left after a crash (NFS
+    keeps a `.nfs*` file until the mapping goes). A warning says when `directory` is on a RAM file system. Tied
+    parameters stay tied (`model.parameters()` yields each once and both modules hold the same `Parameter`).
+    Buffers stay where they are. The pages of the views that something reads between uses stay resident until the
+    next [`loaded`] drops them.
 
     Args:
         model: the reference; its parameters must be plain CPU tensors that take no gradient.
-        directory: where the file is created (made if missing); a disk, not a RAM file system (`tmpfs`), or the pages
-            that leave the process still occupy RAM.
+        directory: where the file is created (made if missing); a disk, not a RAM file system (`tmpfs`), where the
+            pages would still occupy RAM.
 
     Raises:
         ValueError: when a parameter is not a plain CPU tensor (an accelerator, DeepSpeed ZeRO-3, a DTensor) or
@@ -61,6 +69,11 @@ class OffloadedReference:
             offsets.append(total)
             total += -(-p.numel() * p.element_size() // page) * page
         os.makedirs(directory, exist_ok=True)
+        if (kind := file_system_type(directory)) in _RAM_FILE_SYSTEMS:
+            logger.warning(
+                f"offload_ref_model=True: {directory} is on {kind}, whose pages are RAM; the reference saves no "
+                "memory there. Point output_dir at a disk."
+            )
         self._fd, path = tempfile.mkstemp(prefix="reference-offload-", suffix=".bin", dir=directory)
         weakref.finalize(self, os.close, self._fd)
         try:
@@ -75,36 +88,75 @@ class OffloadedReference:
             p.data = view
             self.views.append(view)
         self.nbytes = total
-        self._depth, self._write = 0, False
+        self._depth, self._write, self._copies = 0, False, False
 
     @contextmanager
     def loaded(self, write: bool = False):
         """Inside the block the parameters are private copies in ordinary memory, read from the file with `preadv`
-        (no page of the mapping becomes resident); afterwards they are the file's views again. `write=True` writes
-        the copies back into the file at the end (`pwritev`; a sync, a checkpoint's restore); without it, changes
-        made inside the block are lost, so pass it for anything that writes. Nested blocks join the outermost one
-        (which then writes back if any of them asked to). Pages of the mapping that became resident between uses
-        are dropped on entry.
+        (no page of the mapping becomes resident); afterwards they are the file's views again and the copies are
+        freed. `write=True` writes the copies back into the file at the end (`pwritev`; a sync, a checkpoint's
+        restore); without it, changes made inside the block are lost, so pass it for anything that writes. Nested
+        blocks join the outermost one (which then writes back if any of them asked to). Pages of the mapping that
+        became resident between uses (something read the views) are dropped on entry. If writing back fails, the
+        parameters stay the private copies, with their values, and the next block's end writes them again.
 
         Raises:
+            RuntimeError: when a parameter no longer matches its slot in the file (it was replaced, cast or resized
+                since the offload).
             OSError: when a read, a write or `madvise` fails.
         """
         self._write |= write
         self._depth += 1
-        if self._depth == 1:
-            _madvise(self.storage, MADV_DONTNEED)
-            for p, offset in zip(self.params, self.offsets):
-                p.data = _pread(self._fd, torch.empty_like(p.data), offset)
+        try:
+            if not self._copies:
+                self._check(lambda p, view: p.data.data_ptr() == view.data_ptr())
+                _madvise(self.storage, MADV_DONTNEED)
+                copies = [
+                    _pread(self._fd, torch.empty_like(view), offset) for view, offset in zip(self.views, self.offsets)
+                ]
+                for p, copy in zip(self.params, copies):
+                    p.data = copy
+                self._copies = True
+        except BaseException:
+            self._depth -= 1
+            raise
         try:
             yield
         finally:
             self._depth -= 1
             if self._depth == 0:
-                for p, view, offset in zip(self.params, self.views, self.offsets):
-                    if self._write:
-                        _pwrite(self._fd, p.data, offset)
+                self._check(lambda p, view: p.dtype == view.dtype and p.shape == view.shape)
+                if self._write:  # all written before any parameter is pointed back: a failure loses nothing
+                    for p, offset in zip(self.params, self.offsets):
+                        _pwrite(self._fd, p.data.contiguous(), offset)
+                for p, view in zip(self.params, self.views):
                     p.data = view
-                self._write = False
+                self._copies, self._write = False, False
+
+    def _check(self, matches) -> None:
+        for i, (p, view) in enumerate(zip(self.params, self.views)):
+            if not matches(p, view):
+                raise RuntimeError(
+                    f"offload_ref_model: reference parameter {i} ({tuple(p.shape)}, {p.dtype}) no longer matches its "
+                    f"slot in the offload file ({tuple(view.shape)}, {view.dtype}); do not replace, cast or move the "
+                    "reference's parameters while it is offloaded."
+                )
+
+
+def file_system_type(path: str) -> str | None:
+    """The type of the file system that holds `path` (`/proc/self/mountinfo`: the longest mount point above it)."""
+    path, best, kind = os.path.realpath(path), "", None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                mount_point, fs_type = fields[4], fields[fields.index("-") + 1]
+                inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, kind = mount_point, fs_type
+    except (OSError, ValueError, IndexError):
+        return None
+    return kind
 
 
 def _bytes(tensor: torch.Tensor):
@@ -127,13 +179,21 @@ def _pwrite(fd: int, tensor: torch.Tensor, offset: int) -> None:
     """Write the contiguous `tensor`'s bytes at `offset` of file `fd`."""
     buffer, done = _bytes(tensor), 0
     while done < buffer.nbytes:
-        done += os.pwritev(fd, [buffer[done:]], offset + done)
+        n = os.pwritev(fd, [buffer[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"writing the offloaded reference's file stopped {buffer.nbytes - done} bytes early")
+        done += n
+
+
+@functools.cache
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)  # the C library this process already runs on
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
 
 
 def _madvise(tensor: torch.Tensor, advice: int) -> None:
     """`madvise(advice)` over the whole pages of `tensor`'s memory (it starts on a page boundary)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.madvise(tensor.data_ptr(), tensor.numel() * tensor.element_size(), advice) != 0:
+    if _libc().madvise(tensor.data_ptr(), tensor.numel() * tensor.element_size(), advice) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"madvise on the offloaded reference failed: {os.strerror(errno)}")
