@@ -274,9 +274,11 @@ def test_attach_binds_a_user_callback_or_adds_one():
 
     reference, accelerator = nn.Linear(1, 1), object()
     mine = SyncRefModelCallback(ref_model=None)
+    mine._sync = "the pairing of another trainer's models"
     handler = CallbackHandler([mine], None, None, None, None)
     assert SyncRefModelCallback.attach(handler, reference, accelerator) is mine
     assert mine.ref_model is reference and mine.accelerator is accelerator
+    assert mine._sync is None  # paired again with these models at the first sync
     empty = CallbackHandler([], None, None, None, None)
     added = SyncRefModelCallback.attach(empty, reference, accelerator)
     assert empty.callbacks == [added] and added is not mine and added.ref_model is reference

@@ -388,6 +388,12 @@ def test_grouped_kv_attention_is_bitwise_the_copied_heads(tiny_lm_path, share_pr
     assert not grpo_scoring.grouped_kv_sdpa_applies(model)  # the recomputation would run outside the block
     with torch.no_grad():
         assert grpo_scoring.grouped_kv_sdpa_applies(model)
+    model.gradient_checkpointing_disable()
+    assert grpo_scoring.grouped_kv_sdpa_applies(model)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model.model.layers[0] = checkpoint_wrapper(model.model.layers[0])  # torch's wrapper (accelerate's FSDP option)
+    assert not grpo_scoring.grouped_kv_sdpa_applies(model)
     seen = []
     with grpo_scoring.grouped_kv_sdpa():  # this thread only
         thread = threading.Thread(target=lambda: seen.append(grpo_scoring._GROUPED_KV.get()))

@@ -4,6 +4,7 @@ the same training bit for bit (sync, checkpoint and resume included)."""
 
 import os
 import platform
+import tempfile
 import weakref
 
 import pytest
@@ -91,17 +92,24 @@ def test_refuses_what_it_cannot_offload(model_dir, tmp_path):
         make_trainer(model_dir, tmp_path, peft_config=lora_config(), offload_ref_model=True)
 
 
+def offload_state(trainer) -> tuple[int, bool]:
+    """KiB of the reference's file resident, and whether the reference's parameters are the file's views."""
+    offload = trainer.ref_offload
+    views = all(p.data_ptr() == v.data_ptr() for p, v in zip(offload.params, offload.views))
+    return resident_kib(offload.storage.data_ptr(), offload.nbytes), views
+
+
 class Resident(TrainerCallback):
-    """After each optimizer step's callbacks (the sync included): KiB of the reference's file resident, and whether
-    the reference's parameters are the file's views."""
+    """`offload_state` after each optimizer step's callbacks (the sync included) and after each checkpoint save."""
 
     def __init__(self, trainer):
-        self.trainer, self.kib, self.views = trainer, [], []
+        self.trainer, self.states = trainer, []
 
     def on_step_end(self, args, state, control, **kwargs):
-        offload = self.trainer.ref_offload
-        self.kib.append(resident_kib(offload.storage.data_ptr(), offload.nbytes))
-        self.views.append(all(p.data_ptr() == v.data_ptr() for p, v in zip(offload.params, offload.views)))
+        self.states.append(("step", *offload_state(self.trainer)))
+
+    def on_save(self, args, state, control, **kwargs):
+        self.states.append(("save", *offload_state(self.trainer)))
 
 
 def test_training_sync_checkpoint_and_resume_are_bitwise_the_same(model_dir, tmp_path):
@@ -117,11 +125,14 @@ def test_training_sync_checkpoint_and_resume_are_bitwise_the_same(model_dir, tmp
     run.add_callback(_interrupt_at(2))
     run.add_callback(resident)  # after the sync callback
     run.train()
-    # every step read the reference (its log-prob pass), step 2 wrote it (the sync) and saved it: none of the file
-    # became resident, and the private copies were gone again
-    assert resident.kib == [0, 0] and resident.views == [True, True]
+    # every step read the reference (its log-prob pass), step 2 wrote it (the sync), then the checkpoint saved it:
+    # none of the file became resident, and the private copies were gone again
+    assert resident.states == [("step", 0, True), ("step", 0, True), ("save", 0, True)]
     resumed = make_trainer(model_dir, tmp_path / "b", offload_ref_model=True, **common)
+    resumed._load_reference_state(str(tmp_path / "b" / "checkpoint-2"))  # the restore, as `train` runs it
+    assert offload_state(resumed) == (0, True)
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-2"))
+    assert offload_state(resumed) == (0, True)
 
     policy, other = dict(plain.model.named_parameters()), dict(resumed.model.named_parameters())
     assert all(torch.equal(policy[k], other[k]) for k in policy)
@@ -136,8 +147,9 @@ def test_training_sync_checkpoint_and_resume_are_bitwise_the_same(model_dir, tmp
 def test_a_failed_write_back_keeps_the_values(model_dir, tmp_path, monkeypatch):
     from trl.trainer import ref_offload
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir).requires_grad_(False)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, tie_word_embeddings=False).requires_grad_(False)
     offload = OffloadedReference(model, str(tmp_path))
+    assert offload.params[-1] is model.lm_head.weight  # written after the failing third tensor
     expected = model.lm_head.weight.detach().clone() + 1.0
     real_pwrite, calls = ref_offload._pwrite, []
 
@@ -155,10 +167,12 @@ def test_a_failed_write_back_keeps_the_values(model_dir, tmp_path, monkeypatch):
     # nothing was pointed back: every parameter is still its private copy, with the new values
     assert not any(p.data_ptr() == v.data_ptr() for p, v in zip(offload.params, offload.views))
     assert torch.equal(model.lm_head.weight, expected)
+    assert not torch.equal(offload.views[-1], expected)  # the file still holds the old values
     with offload.loaded():  # joins the copies (no re-read of the stale file) and writes them at its end
         assert torch.equal(model.lm_head.weight, expected)
+    assert len(calls) == 3 + len(offload.params)  # the failed write-back, then all of it again
     assert all(p.data_ptr() == v.data_ptr() for p, v in zip(offload.params, offload.views))
-    assert torch.equal(model.lm_head.weight, expected)
+    assert torch.equal(offload.views[-1], expected) and torch.equal(model.lm_head.weight, expected)
     with torch.no_grad():
         model.lm_head.weight.data = model.lm_head.weight.data.double()  # a cast between uses
     with pytest.raises(RuntimeError, match="no longer matches its slot in the offload file"):
@@ -178,3 +192,19 @@ def test_the_trainer_passes_grouped_kv_attention(model_dir, tmp_path, monkeypatc
         trainer.train()
         assert set(seen) == {value}  # the reference pass and the loss
         seen.clear()
+
+
+def test_file_system_type_and_the_ram_warning(model_dir, tmp_path, monkeypatch, caplog):
+    import logging
+
+    from trl.trainer import ref_offload
+
+    assert ref_offload.file_system_type("/proc") == "proc"
+    if os.path.isdir("/dev/shm") and ref_offload.file_system_type("/dev/shm") == "tmpfs":
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as folder:
+            assert ref_offload.file_system_type(folder) == "tmpfs"
+    monkeypatch.setattr(ref_offload, "file_system_type", lambda path: "tmpfs")
+    model = AutoModelForCausalLM.from_pretrained(model_dir).requires_grad_(False)
+    with caplog.at_level(logging.WARNING):
+        OffloadedReference(model, str(tmp_path))
+    assert "is on tmpfs, whose pages are RAM; the reference saves no memory there" in caplog.text

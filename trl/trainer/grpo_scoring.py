@@ -45,7 +45,7 @@ class Scores(NamedTuple):
     aux_loss: torch.Tensor | None
 
 
-# Set inside `grouped_kv_sdpa` (per thread: contexts do not cross threads); read by the wrapped `use_gqa_in_sdpa`.
+# Set inside `grouped_kv_sdpa`, per context (other threads start from their own, unset, before free-threaded 3.14).
 _GROUPED_KV = contextvars.ContextVar("grouped_kv_sdpa", default=False)
 
 

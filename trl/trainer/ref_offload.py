@@ -8,6 +8,7 @@ import functools
 import mmap
 import os
 import platform
+import re
 import tempfile
 import weakref
 from contextlib import contextmanager
@@ -105,7 +106,6 @@ class OffloadedReference:
                 since the offload).
             OSError: when a read, a write or `madvise` fails.
         """
-        self._write |= write
         self._depth += 1
         try:
             if not self._copies:
@@ -114,18 +114,24 @@ class OffloadedReference:
                 copies = [
                     _pread(self._fd, torch.empty_like(view), offset) for view, offset in zip(self.views, self.offsets)
                 ]
-                for p, copy in zip(self.params, copies):
-                    p.data = copy
+                try:
+                    for p, copy in zip(self.params, copies):
+                        p.data = copy
+                except BaseException:  # interrupted half-way: all back to the file's views
+                    for p, view in zip(self.params, self.views):
+                        p.data = view
+                    raise
                 self._copies = True
         except BaseException:
             self._depth -= 1
             raise
+        self._write |= write
         try:
             yield
         finally:
             self._depth -= 1
             if self._depth == 0:
-                self._check(lambda p, view: p.dtype == view.dtype and p.shape == view.shape)
+                self._check(lambda p, view: (p.dtype, p.shape, p.device) == (view.dtype, view.shape, view.device))
                 if self._write:  # all written before any parameter is pointed back: a failure loses nothing
                     for p, offset in zip(self.params, self.offsets):
                         _pwrite(self._fd, p.data.contiguous(), offset)
@@ -137,26 +143,34 @@ class OffloadedReference:
         for i, (p, view) in enumerate(zip(self.params, self.views)):
             if not matches(p, view):
                 raise RuntimeError(
-                    f"offload_ref_model: reference parameter {i} ({tuple(p.shape)}, {p.dtype}) no longer matches its "
-                    f"slot in the offload file ({tuple(view.shape)}, {view.dtype}); do not replace, cast or move the "
+                    f"offload_ref_model: reference parameter {i} ({tuple(p.shape)}, {p.dtype}, {p.device}) no longer "
+                    f"matches its slot in the offload file ({tuple(view.shape)}, {view.dtype}, cpu); do not replace, "
+                    "cast or move the "
                     "reference's parameters while it is offloaded."
                 )
 
 
 def file_system_type(path: str) -> str | None:
-    """The type of the file system that holds `path` (`/proc/self/mountinfo`: the longest mount point above it)."""
-    path, best, kind = os.path.realpath(path), "", None
+    """The type of the file system that holds `path`: the `/proc/self/mountinfo` entry whose device (`major:minor`) is
+    `path`'s, else the one with the longest mount point above it (octal escapes such as `\\040` decoded); `None`
+    when the table cannot be read."""
+    path, by_device, best, kind = os.path.realpath(path), None, "", None
     try:
+        device = os.stat(path).st_dev
         with open("/proc/self/mountinfo") as f:
             for line in f:
                 fields = line.split()
-                mount_point, fs_type = fields[4], fields[fields.index("-") + 1]
+                major, minor = (int(x) for x in fields[2].split(":"))
+                mount_point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+                fs_type = fields[fields.index("-") + 1]
+                if os.makedev(major, minor) == device:
+                    by_device = fs_type
                 inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
                 if inside and len(mount_point) >= len(best):
                     best, kind = mount_point, fs_type
     except (OSError, ValueError, IndexError):
         return None
-    return kind
+    return by_device or kind
 
 
 def _bytes(tensor: torch.Tensor):
