@@ -66,7 +66,7 @@ class OffloadedReference:
                 raise ValueError("offload_ref_model=True: the reference's parameters must not require gradients.")
         page = mmap.PAGESIZE
         offsets, total = [], 0
-        for p in self.params:  # each tensor on its own pages, so that it can be dropped alone
+        for p in self.params:  # each tensor starts on a page: aligned for any dtype and for madvise
             offsets.append(total)
             total += -(-p.numel() * p.element_size() // page) * page
         os.makedirs(directory, exist_ok=True)
@@ -145,8 +145,7 @@ class OffloadedReference:
                 raise RuntimeError(
                     f"offload_ref_model: reference parameter {i} ({tuple(p.shape)}, {p.dtype}, {p.device}) no longer "
                     f"matches its slot in the offload file ({tuple(view.shape)}, {view.dtype}, cpu); do not replace, "
-                    "cast or move the "
-                    "reference's parameters while it is offloaded."
+                    "cast or move the reference's parameters while it is offloaded."
                 )
 
 
