@@ -9,7 +9,7 @@ tensor of that size comes as fresh pages, each one a page fault that the kernel 
 that freed blocks stay in the process and the next tensors reuse them."""
 
 import ctypes
-import ctypes.util
+import functools
 import platform
 
 from transformers.utils import logging
@@ -25,6 +25,12 @@ MMAP_THRESHOLD_BYTES = 32 * 2**20
 # Keep up to this much free memory at the top of the heap (mallopt takes an int).
 TRIM_THRESHOLD_BYTES = 2**31 - 1
 _applied = False
+
+
+@functools.cache
+def libc() -> ctypes.CDLL:
+    """The C library this process already runs on (`dlopen(NULL)`), with `errno` kept for `ctypes.get_errno`."""
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def retain_freed_memory() -> bool:
@@ -44,9 +50,8 @@ def retain_freed_memory() -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mmap_set = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-        ok = mmap_set and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
+        mmap_set = libc().mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+        ok = mmap_set and libc().mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
     except (OSError, AttributeError):
         return False
     if mmap_set and not ok:

@@ -17,6 +17,7 @@ from .grpo_losses import selective_log_softmax
 from .layouts import PLAIN, tensor_layout
 from .prefix_sharing import (
     cache_kept_under_checkpointing,
+    checkpointed_modules,
     length_scaled_ropes,
     position_ids_from_mask,
     prefix_was_read,
@@ -59,10 +60,8 @@ def grouped_kv_sdpa_applies(model: nn.Module) -> bool:
         return False
     if not torch.is_grad_enabled():
         return True
-    return not any(
-        (getattr(m, "gradient_checkpointing", False) and m.training) or type(m).__name__ == "CheckpointWrapper"
-        for m in model.modules()
-    )
+    wrapped = any(type(m).__name__ == "CheckpointWrapper" for m in model.modules())
+    return not (wrapped or checkpointed_modules(model))
 
 
 def _wrap_use_gqa_in_sdpa() -> bool:

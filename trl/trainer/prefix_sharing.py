@@ -262,7 +262,7 @@ def scoring_sharing_blocker(model: nn.Module) -> str | None:
         or _dropout_in_config(text_config(model))
     ):
         return "dropout in a pass with gradients"
-    checkpointed = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) and m.training]
+    checkpointed = checkpointed_modules(model)
     if not checkpointed:
         return None
     if not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):
@@ -272,6 +272,11 @@ def scoring_sharing_blocker(model: nn.Module) -> str | None:
         if not isinstance(func, functools.partial) or func.keywords.get("use_reentrant", True) is not False:
             return "reentrant gradient checkpointing"
     return None
+
+
+def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of `model` that transformers' gradient checkpointing recomputes in the backward (in train mode)."""
+    return [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) and m.training]
 
 
 @contextmanager

@@ -4,7 +4,6 @@ unlinked file, mapped shared, and are read into private copies only while the tr
 (`offload_ref_model=True`)."""
 
 import ctypes
-import functools
 import mmap
 import os
 import platform
@@ -16,6 +15,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 from transformers.utils import logging
+
+from .cpu_memory import libc
 
 
 logger = logging.get_logger(__name__)
@@ -179,34 +180,32 @@ def _bytes(tensor: torch.Tensor):
 
 def _pread(fd: int, tensor: torch.Tensor, offset: int) -> torch.Tensor:
     """Fill the contiguous `tensor` with its bytes at `offset` of file `fd`; returns it."""
-    buffer, done = _bytes(tensor), 0
-    while done < buffer.nbytes:
-        n = os.preadv(fd, [buffer[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"the offloaded reference's file ended {buffer.nbytes - done} bytes early")
-        done += n
-    return tensor
+    return _transfer(os.preadv, fd, tensor, offset)
 
 
 def _pwrite(fd: int, tensor: torch.Tensor, offset: int) -> None:
     """Write the contiguous `tensor`'s bytes at `offset` of file `fd`."""
+    _transfer(os.pwritev, fd, tensor, offset)
+
+
+def _transfer(io, fd: int, tensor: torch.Tensor, offset: int) -> torch.Tensor:
+    """Move all of `tensor`'s bytes with `io` (`os.preadv` or `os.pwritev`) at `offset` of `fd`, however many calls
+    that takes; an end of file or a write that stops is an `OSError`."""
     buffer, done = _bytes(tensor), 0
     while done < buffer.nbytes:
-        n = os.pwritev(fd, [buffer[done:]], offset + done)
+        n = io(fd, [buffer[done:]], offset + done)
         if n <= 0:
-            raise OSError(f"writing the offloaded reference's file stopped {buffer.nbytes - done} bytes early")
+            raise OSError(
+                f"{io.__name__} on the offloaded reference's file stopped {buffer.nbytes - done} bytes short"
+            )
         done += n
-
-
-@functools.cache
-def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)  # the C library this process already runs on
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc
+    return tensor
 
 
 def _madvise(tensor: torch.Tensor, advice: int) -> None:
     """`madvise(advice)` over the whole pages of `tensor`'s memory (it starts on a page boundary)."""
-    if _libc().madvise(tensor.data_ptr(), tensor.numel() * tensor.element_size(), advice) != 0:
+    madvise = libc().madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if madvise(tensor.data_ptr(), tensor.numel() * tensor.element_size(), advice) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"madvise on the offloaded reference failed: {os.strerror(errno)}")
