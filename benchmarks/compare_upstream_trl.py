@@ -10,8 +10,17 @@ Upstream TRL must live in its own virtual environment so that the two `trl` pack
 
 (the library versions setup.py's floors name, so that both sides run the same ones, and import the same: transformers'
 `Trainer` imports peft, and peft bitsandbytes, when they are installed, ~50-100 MB of RSS; `--smoke` uses the venv of
-tests/upstream_venv.py instead, which shares this environment's libraries), then, with the Python where this package
-is installed (upstream's Python defaults to /opt/trl-upstream/bin/python or /tmp/trl-upstream/bin/python, whichever
+tests/upstream_venv.py instead, which shares this environment's libraries). Ours runs under the Python that runs this
+script; for a peak-memory comparison give it a venv with the same packages, since transformers also imports scipy and
+Pillow where they are installed (+47 MB of RSS after the imports in `make setup`'s environment):
+
+    python3 -m venv /tmp/ours-venv
+    /tmp/ours-venv/bin/pip install torch==2.13.0
+    /tmp/ours-venv/bin/pip install transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0 peft==0.21.2 \
+        bitsandbytes==0.50.2 rich pyyaml
+    /tmp/ours-venv/bin/pip install --no-deps -e .      # this checkout: `pip list` then matches upstream's venv
+
+then, with the Python where this package is installed (upstream's Python defaults to /opt/trl-upstream/bin/python or /tmp/trl-upstream/bin/python, whichever
 exists):
 
     python benchmarks/compare_upstream_trl.py                  # the issue-10 config: 3 alternating runs each

@@ -273,6 +273,29 @@ def test_shared_prefix_scoring_equals_the_plain_pass_on_chat_prompts(smollm2_pat
         assert worst < 1e-4, (name, worst)
 
 
+def test_recomputed_activations_are_as_close_to_float64_as_the_plain_pass(smollm2_path):
+    """`recompute_elementwise_activations` on SmolLM2 (30 RMSNorm + SwiGLU layers): the same log-probs to the bit,
+    gradients whose distance to the float64 ones is that of the plain float32 pass (measured: 8.9e-6 against 1.0e-5
+    relative), with 40 % less kept for the backward."""
+    from test_activation_recompute import saved_bytes
+
+    from trl.trainer.activation_recompute import recompute_activations_applies
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).train()
+    assert recompute_activations_applies(model)
+    ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    plain_bytes, plain_loss, plain = saved_bytes(model, ids, lean=False)
+    lean_bytes, lean_loss, lean = saved_bytes(model, ids, lean=True)
+    _, _, exact = saved_bytes(model.double(), ids, lean=False)
+
+    def distance(grads):
+        return max(((g.double() - e).norm() / e.norm()).item() for g, e in zip(grads, exact))
+
+    assert torch.equal(lean_loss, plain_loss)
+    assert distance(lean) < 1.5 * distance(plain), (distance(lean), distance(plain))
+    assert lean_bytes < 0.65 * plain_bytes, (lean_bytes, plain_bytes)
+
+
 def test_cli_trains_the_converted_folder(smollm2_path, tmp_path):
     """`trl grpo` on the folder `trl convert-gguf --smollm2` writes, with chat prompts from a JSON-lines file."""
     from trl.scripts.grpo import run

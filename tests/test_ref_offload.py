@@ -180,15 +180,14 @@ def test_a_failed_write_back_keeps_the_values(model_dir, tmp_path, monkeypatch):
             pass
 
 
-def test_the_trainer_passes_grouped_kv_attention(model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("field", ["grouped_kv_attention", "recompute_elementwise_activations"])
+def test_the_trainer_passes_its_scoring_fields(model_dir, tmp_path, monkeypatch, field):
     from trl.trainer import grpo_trainer
 
     seen, score = [], grpo_trainer.score_completions
-    monkeypatch.setattr(
-        grpo_trainer, "score_completions", lambda *a, **k: seen.append(k["grouped_kv_attention"]) or score(*a, **k)
-    )
+    monkeypatch.setattr(grpo_trainer, "score_completions", lambda *a, **k: seen.append(k[field]) or score(*a, **k))
     for value in (True, False):
-        trainer = make_trainer(model_dir, tmp_path / str(value), grouped_kv_attention=value, max_steps=1)
+        trainer = make_trainer(model_dir, tmp_path / str(value), max_steps=1, **{field: value})
         trainer.train()
         assert set(seen) == {value}  # the reference pass and the loss
         seen.clear()

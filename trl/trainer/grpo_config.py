@@ -140,6 +140,15 @@ class GRPOConfig(TrainingArguments):
             backward, is gone and the attention is faster. Not on accelerators (where a masked grouped SDPA falls
             back to the math kernel) and not in a training pass under gradient checkpointing (the recomputation would
             run without it); see `grpo_scoring.grouped_kv_sdpa`.
+        recompute_elementwise_activations (`bool`, *optional*, defaults to `True`):
+            In the training forward, let RMSNorm modules and SwiGLU MLPs (Llama, Mistral, Qwen2/3, SmolLM2, ...)
+            keep only their inputs for the backward and rebuild their element-wise intermediates and outputs from
+            them there, instead of keeping them from the forward (`trainer.activation_recompute`). The matrix products
+            are not recomputed. Same loss, gradients equal to float rounding (the backward adds the same terms in
+            another order); on SmolLM2-135M a layer keeps 46 % fewer numbers per token (−50 MB of peak RSS in the
+            benchmark). A kept tensor changed in place before the backward, or a second-order gradient, is a
+            `RuntimeError`. Off for ZeRO-3/FSDP/FSDP2 parameters, under autocast and under gradient checkpointing
+            (which recomputes whole layers anyway).
         retain_freed_cpu_memory (`bool`, *optional*, defaults to `True`):
             When training on the CPU with glibc (Linux), keep the memory that freed tensors give back inside the
             process for the next ones (`mallopt`: mmap threshold 32 MiB, trim threshold 2 GiB) instead of returning
@@ -406,6 +415,10 @@ class GRPOConfig(TrainingArguments):
     grouped_kv_attention: bool = field(
         default=True,
         metadata={"help": "CPU log-prob passes: SDPA reads grouped key/value heads without copying them per head."},
+    )
+    recompute_elementwise_activations: bool = field(
+        default=True,
+        metadata={"help": "Rebuild RMSNorm and SwiGLU intermediates in the backward instead of saving them."},
     )
     retain_freed_cpu_memory: bool = field(
         default=True,

@@ -12,6 +12,7 @@ from accelerate.utils import extract_model_from_parallel
 from torch import nn
 from transformers.utils import logging
 
+from .activation_recompute import recompute_activations_applies, recomputed_activations
 from .chunked_logprobs import head_logprobs
 from .grpo_losses import selective_log_softmax
 from .layouts import PLAIN, tensor_layout
@@ -58,10 +59,14 @@ def grouped_kv_sdpa_applies(model: nn.Module) -> bool:
     first = next(model.parameters(), None)
     if first is None or first.device.type != "cpu":
         return False
-    if not torch.is_grad_enabled():
-        return True
+    return not (torch.is_grad_enabled() and recomputes_in_backward(model))
+
+
+def recomputes_in_backward(model: nn.Module) -> bool:
+    """Whether a layer of `model` reruns its forward in the backward, outside a block that a pass is wrapped in
+    (transformers' gradient checkpointing, torch's `CheckpointWrapper`)."""
     wrapped = any(type(m).__name__ == "CheckpointWrapper" for m in model.modules())
-    return not (wrapped or checkpointed_modules(model))
+    return wrapped or bool(checkpointed_modules(model))
 
 
 def _wrap_use_gqa_in_sdpa() -> bool:
@@ -121,6 +126,7 @@ def score_completions(
     sparse_embedding_grad: bool = False,
     chunked_logprobs: bool = False,
     grouped_kv_attention: bool = False,
+    recompute_elementwise_activations: bool = False,
 ) -> Scores:
     """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
     logits divided by `temperature`, so they describe the distribution the completions were sampled from.
@@ -162,6 +168,9 @@ def score_completions(
         grouped_kv_attention: on the CPU, let SDPA read grouped-query key/value heads without copying them per query
             head (`grouped_kv_sdpa`; the same log-probs, gradients to float rounding); not with gradients under
             gradient checkpointing.
+        recompute_elementwise_activations: with gradients, let RMSNorms and SwiGLU MLPs keep only their inputs for the
+            backward (`activation_recompute.recomputed_activations`; gradients to float rounding); not under gradient
+            checkpointing.
 
     Returns:
         `Scores`.
@@ -193,12 +202,15 @@ def score_completions(
         _log_blocker(blocker, "chunked_logprobs")
     head_input = head_input_captured(model) if chunked_logprobs else nullcontext()
     grouped = grouped_kv_sdpa() if grouped_kv_attention and grouped_kv_sdpa_applies(model) else nullcontext()
+    recompute = recompute_elementwise_activations and torch.is_grad_enabled() and not recomputes_in_backward(model)
+    lean = recomputed_activations() if recompute and recompute_activations_applies(model) else nullcontext()
     head = extract_model_from_parallel(model).get_output_embeddings() if chunked_logprobs else None
     with (
         cache_kept_under_checkpointing(model) if share else nullcontext(),
         tied as embedding,
         head_input as captured,
         grouped,
+        lean,
     ):
         for start in range(0, input_ids.size(0), batch_size):
             # the LM head and every lookup of this pass hand autograd one summed gradient for the tied weight

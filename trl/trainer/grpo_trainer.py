@@ -672,6 +672,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             sparse_embedding_grad=self.args.sparse_embedding_grad,
             chunked_logprobs=self.args.chunked_logprobs,
             grouped_kv_attention=self.args.grouped_kv_attention,
+            recompute_elementwise_activations=self.args.recompute_elementwise_activations,
         )
         return scores.per_token_logps, scores.entropies, scores.aux_loss
 

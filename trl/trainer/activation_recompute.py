@@ -1,0 +1,297 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Element-wise activations recomputed in the backward instead of kept from the forward.
+
+A decoder layer of a Llama-style model keeps, for every token, its RMSNorms' normalised inputs and outputs and its
+SwiGLU MLP's `act(gate)` and `act(gate) * up` for the backward, besides the matrix products' outputs. On SmolLM2-135M
+these are 5,376 of the 11,712 float32 numbers a layer saves per token. They cost a few element-wise operations to
+rebuild from what is kept anyway (the norm's input; the gate and up projections), where the matrix products cannot be
+rebuilt cheaply. Inside `recomputed_activations()`:
+
+- an RMSNorm module (a class whose name ends in `RMSNorm`, without submodules, whose tensors are its own registered
+  parameters) saves only its input and parameters; its backward reruns its forward on them and differentiates that
+  (`_Recomputed`);
+- a SwiGLU MLP (a forward that is exactly `return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))`,
+  as in Llama, Mistral, Qwen2/3; an `act_fn` without parameters) saves the gate and up projections only, and
+  `act_fn(gate) * up` the same way;
+- the outputs of both, which the next projections save as their input, are replaced in the saved tensors by a recipe
+  (`torch.autograd.graph.saved_tensors_hooks`) and rebuilt from those inputs when the backward unpacks them.
+
+Every value the backward reads is recomputed by the same operations on the same inputs, so the forward (and the
+loss) is bitwise that of the plain pass; the gradients equal it to float rounding, because autograd then adds the
+contributions of a norm's output to its input's gradient in another order (tested on a tiny Llama and on SmolLM2).
+The cost is the element-wise operations once more. While saved-tensor hooks are active, autograd does not check
+saved tensors for in-place changes itself, so the hooks do: a tensor the backward reads that changed in place after
+the forward is a `RuntimeError`, as in a plain pass. A second-order backward (`create_graph=True`) is refused.
+"""
+
+import ast
+import contextvars
+import functools
+import inspect
+import textwrap
+import weakref
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from .layouts import PLAIN, parameter_layouts
+
+
+# The recipes of the pass under way in this context (None outside `recomputed_activations`).
+_RECIPES = contextvars.ContextVar("recomputed_activations", default=None)
+_SWIGLU = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
+_WRAPPED: set[type] = set()  # the classes whose forward is wrapped (once per process)
+_FIELD = "set `recompute_elementwise_activations=False`"
+
+
+def _no_second_order() -> None:
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"Recomputed activations have no second-order gradients; {_FIELD} to differentiate twice.")
+
+
+def _check_versions(tensors, versions) -> None:
+    if any(t._version != v for t, v in zip(tensors, versions)):
+        raise RuntimeError(
+            "A tensor that the backward reads (kept for it, or one a recomputed activation is rebuilt from) was "
+            f"modified in place after the forward, so its gradient would be wrong; do not modify it, or {_FIELD}."
+        )
+
+
+@contextmanager
+def _parameters_swapped(module: nn.Module, tensors: dict[str, torch.Tensor]):
+    """`module` reads `tensors` in place of its own parameters of those names inside the block."""
+    if not tensors:
+        yield
+        return
+    own = {name: module._parameters[name] for name in tensors}
+    module._parameters.update(tensors)
+    try:
+        yield
+    finally:
+        module._parameters.update(own)
+
+
+class _Recomputed(torch.autograd.Function):
+    """`forward(module, *inputs)` (the original forward of an RMSNorm module or `_act_mul`), saving only `inputs` and
+    the module's parameters `names` (passed after the inputs so that they get their gradients); the backward reruns
+    it on detached copies of them, with gradients, and differentiates it."""
+
+    @staticmethod
+    def forward(ctx, forward, module, names, n_inputs, *tensors):
+        ctx.forward, ctx.module, ctx.names, ctx.n_inputs = forward, module, names, n_inputs
+        ctx.save_for_backward(*tensors)
+        return forward(module, *tensors[:n_inputs])
+
+    @staticmethod
+    def backward(ctx, grad):
+        _no_second_order()
+        needs = ctx.needs_input_grad[4:]
+        tensors = [t.detach().requires_grad_(need) for t, need in zip(ctx.saved_tensors, needs)]
+        # detached copies: the parameters' own hooks see their gradient once, when autograd hands it on
+        with torch.enable_grad(), _parameters_swapped(ctx.module, dict(zip(ctx.names, tensors[ctx.n_inputs :]))):
+            token = _RECIPES.set(None)  # the rerun is the plain forward, also inside a block
+            try:
+                out = ctx.forward(ctx.module, *tensors[: ctx.n_inputs])
+            finally:
+                _RECIPES.reset(token)
+        wrt = [t for t, need in zip(tensors, needs) if need]
+        grads = iter(torch.autograd.grad(out, wrt, grad, allow_unused=True) if wrt else ())
+        return (None, None, None, None, *(next(grads) if need else None for need in needs))
+
+
+class _Recipe:
+    """A saved tensor left out of the graph: `forward(module, *inputs)` rebuilds the tensor it is a view of (from
+    inputs and parameters unchanged since it was made), the view is reapplied."""
+
+    __slots__ = ("forward", "module", "inputs", "read", "versions", "geometry")
+
+    def __init__(self, forward, module, inputs, read, versions, geometry):
+        self.forward, self.module, self.inputs, self.geometry = forward, module, inputs, geometry
+        self.read, self.versions = read, versions
+
+    def __call__(self) -> torch.Tensor:
+        _no_second_order()
+        _check_versions(self.read, self.versions)
+        token = _RECIPES.set(None)
+        try:
+            with torch.no_grad():
+                base = self.forward(self.module, *self.inputs)
+        finally:
+            _RECIPES.reset(token)
+        return base.as_strided(*self.geometry)
+
+
+class _Kept:
+    """A saved tensor kept as is, with its version when saved (autograd's own check is off under the hooks)."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor):
+        self.tensor, self.version = tensor, tensor._version
+
+    def __call__(self) -> torch.Tensor:
+        _check_versions((self.tensor,), (self.version,))
+        return self.tensor
+
+
+def _plain(t: torch.Tensor) -> bool:
+    return type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
+
+
+class _Recipes:
+    """The recomputable tensors of one pass: storage address → (the tensor, alive while its storage is, how to rebuild
+    it, the tensors that reads and their versions when it was made)."""
+
+    def __init__(self):
+        self.by_storage: dict[int, tuple] = {}
+
+    def add(self, out: torch.Tensor, forward, module, inputs, read) -> None:
+        # only a tensor that owns its whole storage from offset 0: any view of it is then its storage's geometry
+        if not _plain(out) or not out.is_contiguous() or out.storage_offset():
+            return
+        if out.untyped_storage().nbytes() != out.nbytes:
+            return
+        versions = tuple(t._version for t in read)
+        entry = (weakref.ref(out), out._version, forward, module, tuple(inputs), tuple(read), versions)
+        self.by_storage[out.untyped_storage().data_ptr()] = entry
+
+    def pack(self, t: torch.Tensor):
+        if not _plain(t):
+            return t  # e.g. a wrapper subclass without a storage of its own: autograd's own rules apply
+        entry = self.by_storage.get(t.untyped_storage().data_ptr())
+        if entry is not None:
+            ref, version, forward, module, inputs, read, versions = entry
+            base = ref()
+            # not freed and reused, not changed since
+            if base is not None and base.dtype == t.dtype and t._version == version:
+                return _Recipe(forward, module, inputs, read, versions, (t.size(), t.stride(), t.storage_offset()))
+        return _Kept(t)
+
+    @staticmethod
+    def unpack(packed):
+        return packed() if isinstance(packed, (_Recipe, _Kept)) else packed
+
+
+def _records(first: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether autograd records an operation on these tensors here, outside autocast (whose casts the backward's
+    rerun would not repeat; a wrapper then calls the original forward)."""
+    if not torch.is_grad_enabled() or torch.is_autocast_enabled(first.device.type):
+        return False
+    return first.requires_grad or any(t.requires_grad for t in others)
+
+
+def _own_tensors_only(module: nn.Module) -> bool:
+    """No submodules, and every tensor it holds is one of its registered parameters or buffers (not, e.g., FSDP's
+    views of a flat parameter, or a parametrization's computed weight)."""
+    if next(module.children(), None) is not None:
+        return False
+    return not any(isinstance(value, torch.Tensor) for value in vars(module).values())
+
+
+def _norm_forward(original):
+    @functools.wraps(original)
+    def forward(self, hidden_states, *args, **kwargs):
+        recipes = _RECIPES.get()
+        if recipes is None or args or kwargs or not _own_tensors_only(self):
+            return original(self, hidden_states, *args, **kwargs)
+        names, params = zip(*self._parameters.items()) if self._parameters else ((), ())
+        if not _records(hidden_states, *params) or not all(_plain(p) for p in (hidden_states, *params)):
+            return original(self, hidden_states)
+        out = _Recomputed.apply(original, self, names, 1, hidden_states, *params)
+        recipes.add(out, original, self, (hidden_states,), (hidden_states, *params))
+        return out
+
+    return forward
+
+
+def _act_mul(act_fn, gate, up):
+    return act_fn(gate) * up
+
+
+def _swiglu_forward(original):
+    @functools.wraps(original)
+    def forward(self, x):
+        recipes = _RECIPES.get()
+        act_fn = self.act_fn
+        stateless = not isinstance(act_fn, nn.Module) or next(act_fn.parameters(), None) is None
+        if recipes is None or not stateless or not _records(x, *self.parameters()):
+            return original(self, x)
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if not _records(gate, up) or not (_plain(gate) and _plain(up)):
+            return self.down_proj(_act_mul(act_fn, gate, up))
+        hidden = _Recomputed.apply(_act_mul, act_fn, (), 2, gate, up)
+        recipes.add(hidden, _act_mul, act_fn, (gate, up), (gate, up))
+        return self.down_proj(hidden)
+
+    return forward
+
+
+def _is_swiglu(function) -> bool:
+    """Whether `function`'s body is `return <_SWIGLU>` or `y = <_SWIGLU>; return y` (a docstring aside): nothing
+    else that the wrapper would skip (a dropout, a cast)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    pattern = ast.dump(ast.parse(_SWIGLU, mode="eval").body)
+    if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
+        return ast.dump(body[0].value) == pattern
+    if len(body) == 2 and isinstance(body[0], ast.Assign) and isinstance(body[1], ast.Return):
+        (target,), result = body[0].targets, body[1].value
+        same_name = isinstance(target, ast.Name) and isinstance(result, ast.Name) and target.id == result.id
+        return same_name and ast.dump(body[0].value) == pattern
+    return False
+
+
+def _wrap(cls: type) -> bool:
+    """Wrap the forward of `cls` (an RMSNorm or SwiGLU MLP class) once; whether it is one."""
+    if cls in _WRAPPED:
+        return True
+    forward = cls.__dict__.get("forward")
+    if forward is None:
+        return False
+    if cls.__name__.endswith("RMSNorm"):
+        cls.forward = _norm_forward(forward)
+    elif _is_swiglu(forward):
+        cls.forward = _swiglu_forward(forward)
+    else:
+        return False
+    _WRAPPED.add(cls)
+    return True
+
+
+def recompute_activations_applies(model: nn.Module) -> bool:
+    """Whether `recomputed_activations` changes a pass of `model`: its parameters are plain tensors (a ZeRO-3, FSDP
+    or FSDP2 shard would have to be gathered again in the backward; a tensor subclass may have no storage) and it has
+    an RMSNorm or SwiGLU MLP module, whose class's forward is then wrapped (once; outside the block, and for a module
+    the module docstring excludes, the wrapper calls the original)."""
+    if parameter_layouts(model) - {PLAIN} or not all(
+        type(p) in (torch.Tensor, nn.Parameter) for p in model.parameters()
+    ):
+        return False
+    if any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules()):
+        return False
+    found = False
+    for module in model.modules():
+        found = _wrap(type(module)) or found
+    return found
+
+
+@contextmanager
+def recomputed_activations():
+    """Inside the block (in this thread), the RMSNorms and SwiGLU MLPs of models that
+    `recompute_activations_applies` accepted keep only their inputs for the backward, as the module docstring says.
+    Gradient checkpointing that reruns a layer outside the block would see other saved tensors: the caller leaves it
+    out then (`grpo_scoring.recomputes_in_backward`)."""
+    recipes = _Recipes()
+    token = _RECIPES.set(recipes)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(recipes.pack, recipes.unpack):
+            yield
+    finally:
+        _RECIPES.reset(token)
+        recipes.by_storage.clear()
