@@ -269,9 +269,7 @@ def recompute_activations_applies(model: nn.Module) -> bool:
     or FSDP2 shard would have to be gathered again in the backward; a tensor subclass may have no storage) and it has
     an RMSNorm or SwiGLU MLP module, whose class's forward is then wrapped (once; outside the block, and for a module
     the module docstring excludes, the wrapper calls the original)."""
-    if parameter_layouts(model) - {PLAIN} or not all(
-        type(p) in (torch.Tensor, nn.Parameter) for p in model.parameters()
-    ):
+    if parameter_layouts(model) - {PLAIN} or not all(_plain(p) for p in model.parameters()):
         return False
     if any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules()):
         return False
