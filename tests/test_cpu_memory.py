@@ -36,3 +36,96 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
     # largest block (20 MiB = 5,120 pages, ~9,500 faults measured with the interpreter's own) and is reused.
     assert resource.getpagesize() == 4096
     assert faults["off"] > 40_000 and faults["on"] < 15_000, faults
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [
+        ("AdamW", {"fused": True}),
+        ("AdamW", {"foreach": False}),
+        ("AdamW", {"foreach": True, "amsgrad": True}),
+        ("Adam", {"weight_decay": 0.1}),
+        ("Adam", {"foreach": True, "maximize": True}),
+    ],
+)
+def test_adam_state_made_before_the_first_step_gives_the_same_updates(kind, options):
+    from types import SimpleNamespace
+
+    import torch
+
+    from trl.trainer.cpu_memory import allocate_adam_state
+
+    def run(eager: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        model[2].bias.requires_grad_(False)  # frozen: no state, in either case
+        unused = torch.nn.Parameter(torch.ones(3))  # trainable, never gets a gradient
+        optimizer = getattr(torch.optim, kind)([*model.parameters(), unused], lr=1e-2, **options)
+        if eager:
+            assert allocate_adam_state(SimpleNamespace(optimizer=optimizer))  # a wrapper (accelerate's) == 5
+            assert allocate_adam_state(optimizer) == 0  # once
+        x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(x).square().mean().backward()
+            optimizer.step()
+        return model, optimizer, unused
+
+    (lazy_model, lazy, _), (eager_model, eager, unused) = run(False), run(True)
+    for a, b in zip(lazy_model.parameters(), eager_model.parameters()):
+        assert torch.equal(a, b)
+    lazy_state, eager_state = lazy.state_dict()["state"], eager.state_dict()["state"]
+    assert set(eager_state) == set(lazy_state) | {4}  # + the unused parameter's zeros, step 0
+    assert float(eager_state[4]["step"]) == 0.0 and not eager_state[4]["exp_avg"].any()
+    for index, values in lazy_state.items():
+        assert values.keys() == eager_state[index].keys()
+        for name, value in values.items():
+            other = eager_state[index][name]
+            assert (value.dtype, value.device) == (other.dtype, other.device) and torch.equal(value, other), name
+    assert torch.equal(unused, torch.ones(3))
+
+
+def test_other_optimizers_are_left_alone():
+    import torch
+
+    from trl.trainer.cpu_memory import allocate_adam_state
+
+    class MyAdamW(torch.optim.AdamW):
+        pass
+
+    params = [torch.nn.Parameter(torch.ones(2))]
+    for optimizer in (torch.optim.SGD(params, lr=0.1), MyAdamW(params), torch.optim.Adagrad(params)):
+        before = {k: dict(v) for k, v in optimizer.state.items()}
+        assert allocate_adam_state(optimizer) == 0 and optimizer.state == before
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from trl.models.tiny import build_tiny_causal_lm
+    from trl.tasks import arithmetic_corpus
+
+    return build_tiny_causal_lm(str(tmp_path_factory.mktemp("cpu_memory_model")), corpus=arithmetic_corpus())
+
+
+def test_the_trainer_allocates_adamw_state_before_the_first_step(model_dir, tmp_path):
+    import torch
+    from test_iterative_grpo import make_trainer
+    from transformers import TrainerCallback
+
+    seen = []
+
+    class Spy(TrainerCallback):
+        def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+            if state.global_step == 0:
+                seen.append(len(optimizer.optimizer.state))
+
+    trainers = {}
+    for retain in (True, False):
+        trainer = make_trainer(model_dir, tmp_path / str(retain), max_steps=2, retain_freed_cpu_memory=retain)
+        trainer.add_callback(Spy())
+        trainer.train()
+        trainers[retain] = trainer
+    trainable = sum(1 for p in trainers[True].model.parameters() if p.requires_grad)
+    assert seen == [trainable, 0]  # made before the first step / lazily at it
+    for a, b in zip(trainers[True].model.parameters(), trainers[False].model.parameters()):
+        assert torch.equal(a, b)  # the same training

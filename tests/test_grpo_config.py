@@ -110,7 +110,7 @@ OUR_ONLY_DEFAULTS = {
     "sparse_embedding_grad": True,
     "chunked_logprobs": True,
     "grouped_kv_attention": True,
-    "recompute_elementwise_activations": True,
+    "recompute_elementwise_activations": False,
     "retain_freed_cpu_memory": True,
     "max_prompt_length": None,
     "ref_model_sync_strategy": "steps",

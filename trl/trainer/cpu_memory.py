@@ -6,12 +6,18 @@ blocks, gradients, optimizer temporaries). glibc serves blocks above its mmap th
 returns them with `munmap` when freed, and trims the top of its heap above the trim threshold; either way the next
 tensor of that size comes as fresh pages, each one a page fault that the kernel zero-fills. On SmolLM2-135M that was
 ~190,000 faults and 0.4-0.9 s of system time per ~7.5 s step. `retain_freed_memory` raises both thresholds, so
-that freed blocks stay in the process and the next tensors reuse them."""
+that freed blocks stay in the process and the next tensors reuse them.
+
+Where long-lived tensors land matters then too: AdamW creates its two moments (2 × the trainable parameters) at its
+first step, in whatever gaps the first step's temporaries left, and the later steps' temporaries no longer fit
+around them. `OptimizerStateFirst` creates them before the first step instead (same zeros, same dtypes)."""
 
 import ctypes
 import functools
 import platform
 
+import torch
+from transformers import TrainerCallback
 from transformers.utils import logging
 
 
@@ -62,3 +68,48 @@ def retain_freed_memory() -> bool:
         _applied = True
         logger.info("retain_freed_cpu_memory: glibc keeps freed memory for reuse (mmap threshold 32 MiB).")
     return ok
+
+
+def allocate_adam_state(optimizer: torch.optim.Optimizer) -> int:
+    """Create now the zero state that `torch.optim.Adam` and `AdamW` create at a parameter's first step; returns for
+    how many parameters it did.
+
+    For each parameter of `optimizer` (or of the optimizer it wraps, e.g. accelerate's `AcceleratedOptimizer`) that
+    requires a gradient and has no state yet: `step` (a 0-d float32 tensor on the parameter's device when the group is
+    `fused` or `capturable`, else a CPU float32 tensor, float64 under a float64 default dtype), `exp_avg`,
+    `exp_avg_sq` and, with `amsgrad`, `max_exp_avg_sq` (zeros like the parameter), as the optimizer's own lazy
+    initialisation would at its first step: the updates are bitwise the same (tested). A parameter that never gets a
+    gradient keeps this zero state (`step` 0), where the lazy one would have none. Any other optimizer class, a
+    subclass included, is left alone (0).
+    """
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return 0
+    made = 0
+    float64 = torch.get_default_dtype() == torch.float64
+    for group in optimizer.param_groups:
+        on_device = group.get("fused") or group.get("capturable")
+        for p in group["params"]:
+            if not p.requires_grad or optimizer.state[p]:
+                continue
+            step_dtype = torch.float32 if group.get("fused") or not float64 else torch.float64
+            state = {"step": torch.zeros((), dtype=step_dtype, device=p.device if on_device else "cpu")}
+            names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
+            for name in names:
+                state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            optimizer.state[p] = state
+            made += 1
+    return made
+
+
+class OptimizerStateFirst(TrainerCallback):
+    """At the start of training (after a checkpoint's optimizer state is loaded), `allocate_adam_state`: the moments
+    are then allocated before any step's temporaries (see the module docstring)."""
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        if optimizer is not None:
+            made = allocate_adam_state(optimizer)
+            if made:
+                logger.info(
+                    f"retain_freed_cpu_memory: AdamW state of {made} parameters allocated before the first step."
+                )

@@ -140,13 +140,15 @@ class GRPOConfig(TrainingArguments):
             backward, is gone and the attention is faster. Not on accelerators (where a masked grouped SDPA falls
             back to the math kernel) and not in a training pass under gradient checkpointing (the recomputation would
             run without it); see `grpo_scoring.grouped_kv_sdpa`.
-        recompute_elementwise_activations (`bool`, *optional*, defaults to `True`):
+        recompute_elementwise_activations (`bool`, *optional*, defaults to `False`):
             In the training forward, let RMSNorm modules and SwiGLU MLPs (Llama, Mistral, Qwen2/3, SmolLM2, ...)
             keep only their inputs for the backward and rebuild their element-wise intermediates and outputs from
             them there, instead of keeping them from the forward (`trainer.activation_recompute`). The matrix products
             are not recomputed. Same loss, gradients equal to float rounding (the backward adds the same terms in
-            another order); on SmolLM2-135M a layer keeps 46 % fewer numbers per token (−50 MB of peak RSS in the
-            benchmark). A kept tensor changed in place before the backward, or a second-order gradient, is a
+            another order); on SmolLM2-135M a layer keeps 46 % fewer numbers per token. Off by default, as the
+            slower path: in the SmolLM2 benchmark it cost 0.55-0.83 s per ~8.5 s step for 7-50 MB less peak RSS
+            (model states, not activations, set that peak); it pays where activations do (long completions, large
+            groups). A kept tensor changed in place before the backward, or a second-order gradient, is a
             `RuntimeError`. Off for ZeRO-3/FSDP/FSDP2 parameters, under autocast and under gradient checkpointing
             (which recomputes whole layers anyway).
         retain_freed_cpu_memory (`bool`, *optional*, defaults to `True`):
@@ -156,6 +158,10 @@ class GRPOConfig(TrainingArguments):
             whole process from the trainer's creation on; no effect on GPU runs or other C libraries. Faster (no
             page faults per step after the first two); the peak resident memory can be higher: −20 to +69 MB in
             three paired runs on SmolLM2-135M (see "The tied gradient, page faults and a nondeterministic backward").
+            With it, a `torch.optim.Adam`/`AdamW` optimizer's moments are also allocated at the start of training
+            rather than at its first step (`cpu_memory.allocate_adam_state`; the same updates bit for bit), so that
+            they do not land among that step's temporaries: −76 MB of peak RSS with `offload_ref_model=True` on
+            SmolLM2-135M.
 
         > Parameters that control the loss
 
@@ -417,7 +423,7 @@ class GRPOConfig(TrainingArguments):
         metadata={"help": "CPU log-prob passes: SDPA reads grouped key/value heads without copying them per head."},
     )
     recompute_elementwise_activations: bool = field(
-        default=True,
+        default=False,
         metadata={"help": "Rebuild RMSNorm and SwiGLU intermediates in the backward instead of saving them."},
     )
     retain_freed_cpu_memory: bool = field(

@@ -35,7 +35,7 @@ from ..models.utils import (
 )
 from ..rewards._utils import completion_text
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
-from .cpu_memory import retain_freed_memory
+from .cpu_memory import OptimizerStateFirst, retain_freed_memory
 from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import (
     REF_ADAPTER_FILE,
@@ -262,6 +262,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         check_distributed_setup(self.accelerator)
         if args.retain_freed_cpu_memory and self.accelerator.device.type == "cpu":
             retain_freed_memory()  # process-wide: freed tensors' memory is reused instead of faulted in again
+            self.add_callback(OptimizerStateFirst())  # AdamW's moments allocated before the first step's temporaries
         # Losses are means over the micro-batch: let Trainer divide by the accumulation steps.
         self.model_accepts_loss_kwargs = False
         # One dataloader item = one local generation batch (see RepeatSampler).
