@@ -75,12 +75,13 @@ def allocate_adam_state(optimizer: torch.optim.Optimizer) -> int:
     how many parameters it did.
 
     For each parameter of `optimizer` (or of the optimizer it wraps, e.g. accelerate's `AcceleratedOptimizer`) that
-    requires a gradient and has no state yet: `step` (a 0-d float32 tensor on the parameter's device when the group is
-    `fused` or `capturable`, else a CPU float32 tensor, float64 under a float64 default dtype), `exp_avg`,
+    requires a gradient and has no state yet: `step` (a 0-d tensor, on the parameter's device when the group is
+    `fused` or `capturable`, else on the CPU; float32, or float64 under a float64 default dtype unless fused), `exp_avg`,
     `exp_avg_sq` and, with `amsgrad`, `max_exp_avg_sq` (zeros like the parameter), as the optimizer's own lazy
     initialisation would at its first step: the updates are bitwise the same (tested). A parameter that never gets a
-    gradient keeps this zero state (`step` 0), where the lazy one would have none. Any other optimizer class, a
-    subclass included, is left alone (0).
+    gradient keeps this zero state (`step` 0; 2-3× its size, saved in checkpoints), where the lazy one would have
+    none. A parameter that a `fused` group cannot take (not floating point) is skipped, so that the optimizer's own
+    check raises its error at the first step. Any other optimizer class, a subclass included, is left alone (0).
     """
     optimizer = getattr(optimizer, "optimizer", optimizer)
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
@@ -92,6 +93,8 @@ def allocate_adam_state(optimizer: torch.optim.Optimizer) -> int:
         for p in group["params"]:
             if not p.requires_grad or optimizer.state[p]:
                 continue
+            if group.get("fused") and not torch.is_floating_point(p):
+                continue  # left to the optimizer, whose own check then names the problem
             step_dtype = torch.float32 if group.get("fused") or not float64 else torch.float64
             state = {"step": torch.zeros((), dtype=step_dtype, device=p.device if on_device else "cpu")}
             names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")

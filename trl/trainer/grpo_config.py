@@ -161,7 +161,8 @@ class GRPOConfig(TrainingArguments):
             With it, a `torch.optim.Adam`/`AdamW` optimizer's moments are also allocated at the start of training
             rather than at its first step (`cpu_memory.allocate_adam_state`; the same updates bit for bit), so that
             they do not land among that step's temporaries: −76 MB of peak RSS with `offload_ref_model=True` on
-            SmolLM2-135M.
+            SmolLM2-135M. A trainable parameter that never gets a gradient then has zero moments too (in memory and
+            in checkpoints), where the lazy ones would not exist.
 
         > Parameters that control the loss
 
