@@ -7,6 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+from trl.trainer.cpu_memory import allocate_adam_state
 
 
 # A fresh interpreter per case: the setting is process-wide and cannot be undone.
@@ -53,10 +56,6 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
 def test_adam_state_made_before_the_first_step_gives_the_same_updates(kind, options, float64):
     from types import SimpleNamespace
 
-    import torch
-
-    from trl.trainer.cpu_memory import allocate_adam_state
-
     def run(eager: bool):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
@@ -95,10 +94,6 @@ def test_adam_state_made_before_the_first_step_gives_the_same_updates(kind, opti
 
 
 def test_other_optimizers_are_left_alone():
-    import torch
-
-    from trl.trainer.cpu_memory import allocate_adam_state
-
     class MyAdamW(torch.optim.AdamW):
         pass
 
@@ -117,7 +112,6 @@ def model_dir(tmp_path_factory):
 
 
 def test_the_trainer_allocates_adamw_state_before_the_first_step(model_dir, tmp_path):
-    import torch
     from test_iterative_grpo import make_trainer
     from transformers import TrainerCallback
 

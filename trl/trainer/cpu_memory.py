@@ -87,19 +87,15 @@ def allocate_adam_state(optimizer: torch.optim.Optimizer) -> int:
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         return 0
     made = 0
-    float64 = torch.get_default_dtype() == torch.float64
     for group in optimizer.param_groups:
-        on_device = group.get("fused") or group.get("capturable")
+        fused, on_device = group.get("fused"), group.get("fused") or group.get("capturable")
+        step_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 and not fused else torch.float32
+        names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
         for p in group["params"]:
-            if not p.requires_grad or optimizer.state[p]:
-                continue
-            if group.get("fused") and not torch.is_floating_point(p):
-                continue  # left to the optimizer, whose own check then names the problem
-            step_dtype = torch.float32 if group.get("fused") or not float64 else torch.float64
+            if not p.requires_grad or optimizer.state[p] or (fused and not torch.is_floating_point(p)):
+                continue  # not trained, already has state, or left to the fused optimizer's own check
             state = {"step": torch.zeros((), dtype=step_dtype, device=p.device if on_device else "cpu")}
-            names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
-            for name in names:
-                state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state.update({name: torch.zeros_like(p, memory_format=torch.preserve_format) for name in names})
             optimizer.state[p] = state
             made += 1
     return made
@@ -110,9 +106,7 @@ class OptimizerStateFirst(TrainerCallback):
     are then allocated before any step's temporaries (see the module docstring)."""
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
-        if optimizer is not None:
-            made = allocate_adam_state(optimizer)
-            if made:
-                logger.info(
-                    f"retain_freed_cpu_memory: AdamW state of {made} parameters allocated before the first step."
-                )
+        if optimizer is not None and (made := allocate_adam_state(optimizer)):
+            logger.info(
+                f"retain_freed_cpu_memory: Adam(W) state of {made} parameters allocated before the first step."
+            )

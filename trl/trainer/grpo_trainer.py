@@ -261,8 +261,9 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         )
         check_distributed_setup(self.accelerator)
         if args.retain_freed_cpu_memory and self.accelerator.device.type == "cpu":
-            # process-wide: freed tensors' memory is reused instead of faulted in again (glibc)
-            if retain_freed_memory():  # and AdamW's moments are allocated before the first step's temporaries
+            # process-wide (glibc): freed tensors' memory is reused instead of faulted in again, and AdamW's moments
+            # are allocated before the first step's temporaries
+            if retain_freed_memory():
                 self.add_callback(OptimizerStateFirst())
         # Losses are means over the micro-batch: let Trainer divide by the accumulation steps.
         self.model_accepts_loss_kwargs = False
