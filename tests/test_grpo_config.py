@@ -106,7 +106,10 @@ TRL_1_16_DEFAULTS = {
 # offload and Algorithm 1's reward-model refresh.
 OUR_ONLY_DEFAULTS = {
     "generation_implementation": "shared_prefix",
+    "packed_generation_weights": True,
+    "inverse_cdf_sampling": True,
     "shared_prefix_scoring": True,
+    "length_grouped_scoring": True,
     "sparse_embedding_grad": True,
     "chunked_logprobs": True,
     "grouped_kv_attention": True,

@@ -298,3 +298,17 @@ def test_the_models_own_generation_config_decides_the_path(tiny_lm_path, tmp_pat
             None if model_defaults["cache_implementation"] == "hybrid" else model_defaults["cache_implementation"]
         )
         assert effective_generation_config(model, config).cache_implementation == expected
+
+
+def test_the_trainer_passes_its_cpu_decoding_fields(tiny_lm_path, arithmetic_dataset, grpo_kwargs, monkeypatch):
+    from trl.trainer import grpo_trainer
+
+    seen, sample = [], grpo_trainer.sample_completions
+    monkeypatch.setattr(grpo_trainer, "sample_completions", lambda *a: seen.append(a[-2:]) or sample(*a))
+    zero = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
+    for packed, inverse_cdf in ((True, True), (False, True), (True, False)):
+        fields = dict(packed_generation_weights=packed, inverse_cdf_sampling=inverse_cdf, max_steps=1)
+        args = GRPOConfig(**{**grpo_kwargs, **fields})
+        GRPOTrainer(tiny_lm_path, zero, args=args, train_dataset=arithmetic_dataset).train()
+        assert seen == [(packed, inverse_cdf)]
+        seen.clear()

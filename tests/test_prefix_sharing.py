@@ -476,3 +476,68 @@ def test_the_prefix_rows_gradient_is_the_same_in_every_run():
         assert len(grads) == 1
     finally:
         torch.set_num_threads(threads)
+
+
+def test_length_buckets_minimise_positions_plus_overhead():
+    from trl.trainer.prefix_sharing import length_buckets
+
+    lengths = torch.tensor([2, 9, 0, 3, 9, 2])
+
+    def as_lists(groups):
+        return [(rows.tolist(), width) for rows, width in groups]
+
+    # no overhead: one group per distinct length (rows × (width + 1)); the empty row 2 is in none
+    assert as_lists(length_buckets(lengths, overhead=0)) == [([0, 5], 2), ([3], 3), ([1, 4], 9)]
+    # 4: {2, 2, 3} costs 3 × 4 + 4 = 16 against 2 × 3 + 4 + 1 × 4 + 4 = 18 split; {9, 9} apart saves 3 × 6 > 4
+    assert as_lists(length_buckets(lengths, overhead=4)) == [([0, 3, 5], 3), ([1, 4], 9)]
+    # a large overhead: every scored row in one group as wide as the longest
+    assert as_lists(length_buckets(lengths, overhead=100)) == [([0, 1, 3, 4, 5], 9)]
+    assert length_buckets(torch.zeros(3, dtype=torch.long)) == []
+
+
+def test_completion_groups_only_for_leading_tokens_that_pay(monkeypatch):
+    from trl.trainer import prefix_sharing
+    from trl.trainer.grpo_scoring import completion_groups
+
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 0)
+    assert [(r.tolist(), w) for r, w in completion_groups(mask)] == [([1], 1), ([2], 2), ([0], 4)]
+    assert completion_groups(torch.tensor([[1, 0, 1, 0], [1, 1, 1, 1]])) is None  # a token after a masked one
+    assert completion_groups(torch.ones(3, 4)) is None and completion_groups(torch.zeros(3, 4)) is None
+    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 100)
+    assert completion_groups(mask) is None  # one group of every row at full width: the plain pass
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_length_grouped_scoring_equals_the_one_pass(model, monkeypatch, grad):
+    from trl.trainer import prefix_sharing
+
+    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 2)
+    ids, mask, length = _batch(model.config.vocab_size, prompt_lengths=(6, 3), repeats=4, completion_length=7)
+    mask[:, -length:] = 1
+    for row, n in enumerate([7, 1, 1, 0, 7, 2, 1, 7]):  # row 3 has nothing to score
+        mask[row, ids.size(1) - length + n :] = 0
+    completion_mask = mask[:, -length:]
+    results = {}
+    for grouped in (False, True):
+        model.zero_grad()
+        shapes = _record_forward_shapes(model)
+        with torch.set_grad_enabled(grad):
+            scores = score_completions(
+                model, ids, mask, length, 0.7, None, True, False, True, True, length_grouped=grouped
+            )
+        if grad:
+            ((scores.per_token_logps + scores.entropies) * completion_mask).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[grouped] = (scores.per_token_logps.detach(), scores.entropies.detach(), grads, shapes)
+        del model.forward  # the recording wrapper
+    plain, grouped = results[False], results[True]
+    # the prompt pass once; then the 3 rows of 1 token (2 positions), the row of 2, the 3 rows of 7
+    assert plain[3] == [(2, 5), (8, 8)] and grouped[3] == [(2, 5), (3, 2), (1, 3), (3, 8)]
+    valid = completion_mask.bool()
+    for values, reference in ((grouped[0], plain[0]), (grouped[1], plain[1])):
+        torch.testing.assert_close(values[valid], reference[valid], atol=1e-5, rtol=0)
+        assert (values[~valid] == 0).all()  # nothing computed past a completion
+    assert grouped[2].keys() == plain[2].keys() and (len(plain[2]) > 0) == grad
+    for name, g in plain[2].items():
+        torch.testing.assert_close(grouped[2][name], g, atol=1e-5 * float(g.abs().max()), rtol=1e-4)

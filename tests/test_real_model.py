@@ -296,6 +296,58 @@ def test_recomputed_activations_are_as_close_to_float64_as_the_plain_pass(smollm
     assert lean_bytes < 0.65 * plain_bytes, (lean_bytes, plain_bytes)
 
 
+def test_length_grouped_scoring_equals_one_pass_on_chat_prompts(smollm2_path, monkeypatch):
+    """The trainer's scoring defaults with the rows split by completion length (5 and 8 tokens here; a zero overhead
+    forces the split) against one pass over every row: log-probs, entropies and gradients to float rounding."""
+    from trl.trainer import prefix_sharing
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).train()
+    input_ids, mask = chat_batch(AutoTokenizer.from_pretrained(smollm2_path))
+    valid = mask[:, -8:].bool()
+    defaults = dict(share_prefix=True, chunked_logprobs=True, sparse_embedding_grad=True, grouped_kv_attention=True)
+    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 0)
+    results = []
+    for grouped in (False, True):
+        model.zero_grad(set_to_none=True)
+        scores = score_completions(model, input_ids, mask, 8, 0.7, compute_entropy=True, length_grouped=grouped,
+                                   **defaults)  # fmt: skip
+        (scores.per_token_logps * valid).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        results.append((scores.per_token_logps.detach()[valid], scores.entropies.detach()[valid], grads))
+    (logps, entropies, grads), (grouped_logps, grouped_entropies, grouped_grads) = results
+    torch.testing.assert_close(grouped_logps, logps, atol=1e-4, rtol=0)
+    torch.testing.assert_close(grouped_entropies, entropies, atol=1e-4, rtol=0)
+    worst = max(((grouped_grads[n] - g).norm() / g.norm()).item() for n, g in grads.items())
+    assert worst < 1e-4, worst
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL-packed products need an MKL build")
+def test_packed_weights_draw_the_same_tokens_on_chat_prompts(smollm2_path):
+    """SmolLM2's shapes (576 → 192/576/1536, the 49,152 × 576 tied head): with every linear layer packed (32 new
+    tokens, no EOS, so that every step decodes all rows), the same tokens as the plain layers from the same seed."""
+    from transformers import GenerationConfig
+
+    from trl.trainer.cpu_decoding import MIN_NEW_TOKENS_LAYERS
+    from trl.trainer.grpo_generation import sample_completions
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    input_ids, mask = chat_batch(tokenizer, completions_per_prompt=2)
+    prompt_length = input_ids.size(1) - 8
+    config = GenerationConfig(
+        max_new_tokens=MIN_NEW_TOKENS_LAYERS, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=None, disable_compile=True,
+    )  # fmt: skip
+    outputs = []
+    for packed in (False, True):
+        torch.manual_seed(0)
+        outputs.append(
+            sample_completions(model, input_ids[:, :prompt_length], mask[:, :prompt_length], config,
+                               packed_weights=packed)
+        )  # fmt: skip
+    assert outputs[0].shape == (4, MIN_NEW_TOKENS_LAYERS) and torch.equal(outputs[0], outputs[1])
+
+
 def test_cli_trains_the_converted_folder(smollm2_path, tmp_path):
     """`trl grpo` on the folder `trl convert-gguf --smollm2` writes, with chat prompts from a JSON-lines file."""
     from trl.scripts.grpo import run

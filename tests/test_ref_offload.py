@@ -180,12 +180,19 @@ def test_a_failed_write_back_keeps_the_values(model_dir, tmp_path, monkeypatch):
             pass
 
 
-@pytest.mark.parametrize("field", ["grouped_kv_attention", "recompute_elementwise_activations"])
-def test_the_trainer_passes_its_scoring_fields(model_dir, tmp_path, monkeypatch, field):
+@pytest.mark.parametrize(
+    "field, keyword",
+    [
+        ("grouped_kv_attention", "grouped_kv_attention"),
+        ("recompute_elementwise_activations", "recompute_elementwise_activations"),
+        ("length_grouped_scoring", "length_grouped"),
+    ],
+)
+def test_the_trainer_passes_its_scoring_fields(model_dir, tmp_path, monkeypatch, field, keyword):
     from trl.trainer import grpo_trainer
 
     seen, score = [], grpo_trainer.score_completions
-    monkeypatch.setattr(grpo_trainer, "score_completions", lambda *a, **k: seen.append(k[field]) or score(*a, **k))
+    monkeypatch.setattr(grpo_trainer, "score_completions", lambda *a, **k: seen.append(k[keyword]) or score(*a, **k))
     for value in (True, False):
         trainer = make_trainer(model_dir, tmp_path / str(value), max_steps=1, **{field: value})
         trainer.train()

@@ -110,6 +110,14 @@ class GRPOConfig(TrainingArguments):
             How completions are sampled. `"shared_prefix"`: prefill each distinct prompt once and copy its KV cache
             to its `num_generations` rows, then `generate`; `"generate"`: `generate` on the repeated prompts, as TRL
             does. Both sample from the same distribution; see "Generation paths" in the docs.
+        packed_generation_weights (`bool`, *optional*, defaults to `True`):
+            On the CPU, pack the policy's float32 `nn.Linear` weights once per `generate` call of at least 16 new
+            tokens for MKL's products at the decode steps' row count, instead of MKL repacking them in every product.
+            The same logits to the bit, for one packed copy of the weights during the call; see "Faster CPU decoding".
+        inverse_cdf_sampling (`bool`, *optional*, defaults to `True`):
+            On the CPU, draw each sampled token with one uniform number per row against the cumulative probabilities
+            (float64) instead of `torch.multinomial`'s one exponential number per vocabulary entry: the same
+            distribution, but other tokens than TRL's for the same seed; `False` restores `torch.multinomial`.
         shared_prefix_scoring (`bool`, *optional*, defaults to `True`):
             Compute each distinct prompt once in the log-prob passes (reference, old policy when the batch is reused,
             and the training forward and backward): the prompt's keys and values are shared by the rows that repeat
@@ -118,13 +126,16 @@ class GRPOConfig(TrainingArguments):
             plain (prompts under 17 tokens, ZeRO-3/FSDP2 parameters, PEFT prompt learning, sliding-window caches,
             the MoE router loss's pass; with gradients, active dropout and reentrant checkpointing); see
             "Shared-prefix scoring" in the docs.
+        length_grouped_scoring (`bool`, *optional*, defaults to `True`):
+            With `shared_prefix_scoring`, run the completions on the shared prompts in groups of rows of similar
+            length, each group only as wide as its longest completion, where that saves more positions than an extra
+            pass costs (~48 per group); rows with no completion token are skipped. Same log-probs and gradients up to
+            float rounding; it pays with long completions of mixed lengths (SmolLM2, 64 tokens: −25 %).
         sparse_embedding_grad (`bool`, *optional*, defaults to `True`):
             In the training forward, let an input embedding tied to the LM head (SmolLM2, Qwen2.5-0.5B, Gemma, ...)
-            produce only the gradient of its looked-up rows instead of a dense `(vocab, hidden)` tensor per forward
-            pass: with `chunked_logprobs` the rows are added in place into the LM head's gradient before autograd
-            sees it (no `(vocab, hidden)` copy at all), else they are returned as a sparse gradient that autograd
-            adds to the head's. The weight's gradient is the same dense tensor up to the order of float additions;
-            untied, frozen (PEFT) or sharded embeddings are left as they are.
+            produce only its looked-up rows' gradient, added in place into the LM head's (with `chunked_logprobs`)
+            or handed to autograd as a sparse gradient, instead of a dense `(vocab, hidden)` tensor per pass. The same
+            dense gradient up to the order of float additions; untied, frozen or sharded embeddings are left alone.
         chunked_logprobs (`bool`, *optional*, defaults to `True`):
             Compute the per-token log-probs and entropies from the LM head's input a block of positions at a time
             (at most 64 MiB of float32 logits each), recomputing each block's logits in the backward, so that the
@@ -132,25 +143,18 @@ class GRPOConfig(TrainingArguments):
             exist whole. Same values and gradients up to float rounding. Passes run plain for LM heads with a PEFT
             adapter, sharded heads and models that transform the logits after the head (softcapping, logit scales).
         grouped_kv_attention (`bool`, *optional*, defaults to `True`):
-            In the log-prob passes on the CPU, let SDPA attention read grouped-query key/value heads directly
-            (`enable_gqa=True`) instead of transformers' copy of each key/value head per query head that it serves,
-            which it makes whenever there is an attention mask. On the CPU's flash kernel the log-probs and
-            entropies are the same to the bit and the gradients equal to float rounding (the kernel sums a key/value
-            head's gradient over its query heads in its own, fixed order); the copies' memory, saved for the
-            backward, is gone and the attention is faster. Not on accelerators (where a masked grouped SDPA falls
-            back to the math kernel) and not in a training pass under gradient checkpointing (the recomputation would
-            run without it); see `grpo_scoring.grouped_kv_sdpa`.
+            In the CPU log-prob passes, let SDPA read grouped-query key/value heads directly (`enable_gqa=True`)
+            instead of transformers' copy of each key/value head per query head whenever there is a mask: bitwise the
+            same log-probs and entropies, gradients to float rounding (the kernel's own fixed summation order), less
+            saved memory, faster attention. Not on accelerators (a masked grouped SDPA falls back to the math
+            kernel) nor in a training pass under gradient checkpointing; see `grpo_scoring.grouped_kv_sdpa`.
         recompute_elementwise_activations (`bool`, *optional*, defaults to `False`):
-            In the training forward, let RMSNorm modules and SwiGLU MLPs (Llama, Mistral, Qwen2/3, SmolLM2, ...)
-            keep only their inputs for the backward and rebuild their element-wise intermediates and outputs from
-            them there, instead of keeping them from the forward (`trainer.activation_recompute`). The matrix products
-            are not recomputed. Same loss, gradients equal to float rounding (the backward adds the same terms in
-            another order); on SmolLM2-135M a layer keeps 46 % fewer numbers per token. Off by default, as the
-            slower path: in the SmolLM2 benchmark it cost 0.55-0.83 s per ~8.5 s step for 7-50 MB less peak RSS
-            (model states, not activations, set that peak); it pays where activations do (long completions, large
-            groups). A kept tensor changed in place before the backward, or a second-order gradient, is a
-            `RuntimeError`. Off for ZeRO-3/FSDP/FSDP2 parameters, under autocast and under gradient checkpointing
-            (which recomputes whole layers anyway).
+            In the training forward, let RMSNorms and SwiGLU MLPs (Llama, Qwen2/3, SmolLM2, ...) keep only their
+            inputs and rebuild their element-wise intermediates in the backward (`trainer.activation_recompute`; no
+            matrix product is recomputed): same loss, gradients to float rounding, 46 % fewer saved numbers per layer
+            and token on SmolLM2-135M. Off by default, as the slower path (0.55-0.83 s more per ~8.5 s SmolLM2 step);
+            it pays where activations set the peak. Off for sharded parameters, autocast and gradient checkpointing;
+            see "Element-wise activations rebuilt in the backward".
         retain_freed_cpu_memory (`bool`, *optional*, defaults to `True`):
             When training on the CPU with glibc (Linux), keep the memory that freed tensors give back inside the
             process for the next ones (`mallopt`: mmap threshold 32 MiB, trim threshold 2 GiB) instead of returning
@@ -407,9 +411,18 @@ class GRPOConfig(TrainingArguments):
             "choices": GENERATION_IMPLEMENTATIONS,
         },
     )
+    packed_generation_weights: bool = field(
+        default=True, metadata={"help": "CPU generate: linear weights packed once per call for MKL (same logits)."}
+    )
+    inverse_cdf_sampling: bool = field(
+        default=True, metadata={"help": "CPU generate: draw tokens by inverse CDF (same distribution, other draws)."}
+    )
     shared_prefix_scoring: bool = field(
         default=True,
         metadata={"help": "Compute each distinct prompt once in the log-prob passes (training included)."},
+    )
+    length_grouped_scoring: bool = field(
+        default=True, metadata={"help": "Score completions in groups of similar length (shared-prefix passes)."}
     )
     sparse_embedding_grad: bool = field(
         default=True,

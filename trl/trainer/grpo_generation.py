@@ -3,6 +3,7 @@
 prompt once and sharing its KV cache across the rows that repeat it (GRPO repeats every prompt G times); the
 `GenerationConfig` that the sampling settings of a `GRPOConfig` make; and what the sampled ids are as completions."""
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
@@ -11,6 +12,7 @@ from transformers.generation import GenerationMode
 from transformers.utils import logging
 
 from ..models.utils import fsdp2_modules, zero3_hooks_removed
+from .cpu_decoding import inverse_cdf_sampling, packed_linear_weights
 from .grpo_config import GENERATION_IMPLEMENTATIONS
 from .grpo_losses import completion_mask, pad_to_multiple
 from .layouts import PLAIN, ZERO3, parameter_layouts
@@ -108,6 +110,8 @@ def sample_completions(
     prompt_mask: torch.Tensor,
     generation_config: GenerationConfig,
     implementation: str = "shared_prefix",
+    packed_weights: bool = False,
+    inverse_cdf: bool = False,
 ) -> torch.Tensor:
     """Sample one completion per prompt row with `model.generate(generation_config=generation_config)`.
 
@@ -116,8 +120,8 @@ def sample_completions(
     `"generate"` calls `generate` on the batch as it is.
     `"shared_prefix"` first runs the model once over the distinct prompts without their last token, copies that KV
     cache to every row that repeats the prompt, and lets `generate` continue from it: the prompt is prefilled U times
-    instead of N, and everything that decides which tokens are drawn (logits processors, the random draws, EOS
-    handling, padding, stopping) is `generate`'s own. Completions follow the same distribution; the prefix
+    instead of N, and everything that decides which tokens are drawn (logits processors, the random draws unless
+    `inverse_cdf`, EOS handling, padding, stopping) is `generate`'s own. Completions follow the same distribution; the prefix
     keys/values come from a smaller batch, so they can differ from the unshared ones in the last float bits. It falls
     back to `"generate"` for every setting listed in `shared_prefix_blocker` (a decoding mode other than greedy or
     sampling, e.g. beam search; `num_return_sequences > 1`; a `cache_implementation`, also one set by the model's
@@ -132,6 +136,11 @@ def sample_completions(
         prompt_ids, prompt_mask: `(N, P)` left-padded prompts and their attention mask.
         generation_config: passed to `generate` unchanged.
         implementation: one of `GENERATION_IMPLEMENTATIONS`.
+        packed_weights: on the CPU, let the LM head (and from 32 new tokens on every linear layer) multiply each
+            decode step with its weight packed once for the call (`cpu_decoding.packed_linear_weights`: the same
+            logits to the bit); not for sharded parameters.
+        inverse_cdf: on the CPU, draw each sampled token with one uniform number per row
+            (`cpu_decoding.inverse_cdf_sampling`: the same distribution, other draws than `torch.multinomial`'s).
 
     Returns:
         `(N, L)` int64 completion ids, `L <= max_new_tokens`; after a row's EOS, `generate` fills it with the pad id.
@@ -161,9 +170,16 @@ def sample_completions(
         with torch.no_grad() if sharded else torch.inference_mode():
             cache = shared_prefix_cache(model, prompt_ids, prompt_mask) if share else None
             kwargs = {} if cache is None else {"cache": cache}
-            sequences = model.generate(
-                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config, **kwargs
-            )
+            packed = packed_weights and not sharded
+            with (
+                packed_linear_weights(model, prompt_ids.size(0), generation_config.max_new_tokens)
+                if packed
+                else nullcontext(),
+                inverse_cdf_sampling() if inverse_cdf else nullcontext(),
+            ):
+                sequences = model.generate(
+                    input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config, **kwargs
+                )
     finally:
         model.train(was_training)
     if not isinstance(sequences, torch.Tensor):  # `return_dict_in_generate=True`

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 from accelerate.utils import extract_model_from_parallel
 from torch import nn
+from torch.nn import functional as F
 from transformers.utils import logging
 
 from .activation_recompute import recompute_activations_applies, recomputed_activations
@@ -19,8 +20,10 @@ from .layouts import PLAIN, tensor_layout
 from .prefix_sharing import (
     cache_kept_under_checkpointing,
     checkpointed_modules,
+    length_buckets,
     length_scaled_ropes,
     position_ids_from_mask,
+    prefix_for_rows,
     prefix_was_read,
     rope_sharing_blocker,
     scoring_sharing_blocker,
@@ -127,6 +130,7 @@ def score_completions(
     chunked_logprobs: bool = False,
     grouped_kv_attention: bool = False,
     recompute_elementwise_activations: bool = False,
+    length_grouped: bool = False,
 ) -> Scores:
     """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
     logits divided by `temperature`, so they describe the distribution the completions were sampled from.
@@ -171,6 +175,11 @@ def score_completions(
         recompute_elementwise_activations: with gradients, let RMSNorms and SwiGLU MLPs keep only their inputs for the
             backward (`activation_recompute.recomputed_activations`; gradients to float rounding); not under gradient
             checkpointing.
+
+        length_grouped: with `share_prefix`, run the completions on the shared prompt in groups of rows of similar
+            length, each only as wide as its longest completion (`prefix_sharing.length_buckets`; rows with nothing
+            to score are skipped), instead of every row as wide as the longest of all; the same log-probs and
+            gradients up to float rounding (smaller batches), 0 at positions past a row's completion.
 
     Returns:
         `Scores`.
@@ -231,32 +240,15 @@ def score_completions(
             )
             if cache is None and share_here and sink[0] is not None:  # a prompt pass whose cache is not used:
                 sink[0] = TiedGradSink()  # its lookup gets no gradient, so the plain pass counts on a new sink
-            if cache is None:
-                extra = {"output_router_logits": True} if compute_aux_loss else {}
-                outputs = model(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=position_ids,
-                    logits_to_keep=logits_to_keep + 1,
-                    use_cache=False,
-                    **extra,
-                )
-            else:  # the last prompt token (it predicts the first completion token) and the completion, on the prompt
-                outputs = model(
-                    input_ids=ids[:, prompt_length - 1 :],
-                    attention_mask=mask,
-                    position_ids=position_ids[:, prompt_length - 1 :],
-                    cache=cache,
-                    logits_to_keep=logits_to_keep + 1,
-                    **no_router_logits,
-                )
-                if not prefix_was_read(cache):
-                    raise RuntimeError(
-                        f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
-                    )
-            targets = ids[:, -logits_to_keep:]
-            if chunked_logprobs:  # the head's input at the L + 1 kept positions; the last one predicts nothing
-                if not captured:
+            def scored(outputs, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                """`(log-probs, entropies or None)` of `targets` `(rows, W)` from a pass that kept W + 1 positions."""
+                if not chunked_logprobs:
+                    logits = outputs.logits[:, :-1, :]
+                    if temperature != 1.0:  # x / 1.0 == x: no (N, L, V) copy for nothing
+                        logits = logits / temperature
+                    out = selective_log_softmax(logits, targets, 2**28, compute_entropy, entropy_grad)
+                    return out if compute_entropy else (out, None)
+                if not captured:  # the head's input at the W + 1 kept positions; the last one predicts nothing
                     raise RuntimeError(
                         f"{type(model).__name__} did not call its LM head in the forward pass; set "
                         "`chunked_logprobs=False`."
@@ -274,22 +266,77 @@ def score_completions(
                     grad_sink=sink[0],
                     keep_block=batch_size >= input_ids.size(0),  # one forward before the backward
                 )
-                out = (logp, entropy if entropy_grad else entropy.detach()) if compute_entropy else logp
-            else:
-                logits = outputs.logits[:, :-1, :]
-                if temperature != 1.0:  # x / 1.0 == x: no (N, L, V) copy for nothing
-                    logits = logits / temperature
-                out = selective_log_softmax(logits, targets, 2**28, compute_entropy, entropy_grad)
-            logps.append(out[0] if compute_entropy else out)
+                return logp, (entropy if entropy_grad else entropy.detach()) if compute_entropy else None
+
+            if cache is None:
+                extra = {"output_router_logits": True} if compute_aux_loss else {}
+                outputs = model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=position_ids,
+                    logits_to_keep=logits_to_keep + 1,
+                    use_cache=False,
+                    **extra,
+                )
+                logp, entropy = scored(outputs, ids[:, -logits_to_keep:])
+                if compute_aux_loss:
+                    aux_losses.append(outputs.aux_loss)
+            else:  # the last prompt token (it predicts the first completion token) and the completion, on the prompt
+                groups = completion_groups(mask[:, prompt_length:]) if length_grouped else None
+                parts = []
+                for rows, width in groups or [(None, logits_to_keep)]:  # None: every row, as it is
+                    take = slice(None) if rows is None else rows
+                    end = prompt_length + width
+                    rows_cache = cache if rows is None else prefix_for_rows(model, cache, rows)
+                    outputs = model(
+                        input_ids=ids[take, prompt_length - 1 : end],
+                        attention_mask=mask[take, :end],
+                        position_ids=position_ids[take, prompt_length - 1 : end],
+                        cache=rows_cache,
+                        logits_to_keep=width + 1,
+                        **no_router_logits,
+                    )
+                    if not prefix_was_read(rows_cache):
+                        raise RuntimeError(
+                            f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
+                        )
+                    parts.append((rows, scored(outputs, ids[take, prompt_length:end])))
+                logp, entropy = parts[0][1] if groups is None else rows_in_place(parts, ids.size(0), logits_to_keep)
+            logps.append(logp)
             if compute_entropy:
-                entropies.append(out[1])
-            if compute_aux_loss:
-                aux_losses.append(outputs.aux_loss)
+                entropies.append(entropy)
     return Scores(
         torch.cat(logps, dim=0),
         torch.cat(entropies, dim=0) if compute_entropy else None,
         torch.stack(aux_losses).mean() if compute_aux_loss else None,
     )
+
+
+def completion_groups(completion_mask: torch.Tensor) -> list[tuple[torch.Tensor, int]] | None:
+    """`prefix_sharing.length_buckets` of the rows of an `(N, L)` completion attention mask, or `None` where one pass
+    over every row at full width is what it comes to (a single group of all rows at width L, or no row with a token),
+    or where a row attends to a position after a masked one (the mask is not each completion's first tokens)."""
+    valid = completion_mask.bool()
+    if bool((valid[:, 1:] & ~valid[:, :-1]).any()):
+        return None
+    groups = length_buckets(valid.sum(1))
+    if not groups or (len(groups) == 1 and groups[0][0].numel() == valid.size(0) and groups[0][1] == valid.size(1)):
+        return None
+    return groups
+
+
+def rows_in_place(parts: list, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The `(rows, width)` log-probs (and entropies, or `None`) of the groups of `completion_groups`, from `parts`
+    `[(row indices (k,), (log-probs (k, w), entropies (k, w) or None))]`: each group's values at its rows, zero-padded
+    from w to `width`, 0 for the rows of no group (differentiable: `index_copy` of the padded values)."""
+    indices = torch.cat([group_rows for group_rows, _ in parts])
+
+    def placed(values: list[torch.Tensor]) -> torch.Tensor:
+        padded = torch.cat([F.pad(v, (0, width - v.size(1))) for v in values])
+        return padded.new_zeros(rows, width).index_copy(0, indices, padded)
+
+    logps = placed([logp for _, (logp, _) in parts])
+    return logps, None if parts[0][1][1] is None else placed([entropy for _, (_, entropy) in parts])
 
 
 def tied_input_embedding(model: nn.Module) -> nn.Embedding | None:

@@ -503,7 +503,13 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         ) as policy:
             with torch.no_grad(), self._sampling_rng(mode):
                 completion_ids = sample_completions(
-                    policy, ids, mask, self.generation_config, args.generation_implementation
+                    policy,
+                    ids,
+                    mask,
+                    self.generation_config,
+                    args.generation_implementation,
+                    args.packed_generation_weights,
+                    args.inverse_cdf_sampling,
                 )
         return completion_id_lists(completion_ids, self.eos_token_ids), None
 
@@ -676,6 +682,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             chunked_logprobs=self.args.chunked_logprobs,
             grouped_kv_attention=self.args.grouped_kv_attention,
             recompute_elementwise_activations=self.args.recompute_elementwise_activations,
+            length_grouped=self.args.length_grouped_scoring,
         )
         return scores.per_token_logps, scores.entropies, scores.aux_loss
 

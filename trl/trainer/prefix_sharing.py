@@ -176,6 +176,50 @@ def shared_prefix_cache(
     return cache
 
 
+# The fixed cost of one more pass over a group of rows, in token positions: each pass streams every weight again (and,
+# with gradients, writes a weight-sized gradient per parameter and adds it to the others). SmolLM2-135M, one thread,
+# 16 rows: 3 groups saving 28 of 272 positions made the forward and backward 13 % slower, i.e. ~50 positions a group
+# (~0.27 s, against ~5 ms per position); at 64 and 128 tokens of mixed lengths this value's groups saved 25-28 %.
+BUCKET_OVERHEAD_POSITIONS = 48
+
+
+def length_buckets(lengths: torch.Tensor, overhead: int | None = None) -> list[tuple[torch.Tensor, int]]:
+    """Rows grouped by completion length, so that a pass over a group covers its longest completion only, not the
+    batch's: each group costs its rows × (width + 1) positions (the last prompt token, then the completion) plus
+    `overhead`, and the grouping minimises the sum (rows sorted by length, split where it pays; exact, O(N²)).
+
+    Args:
+        lengths: `(N,)` integer completion lengths (the attended completion tokens of each row).
+        overhead: the cost of a group in positions; `None` reads `BUCKET_OVERHEAD_POSITIONS` at call time.
+
+    Returns:
+        `[(rows, width)]`: `rows` `(k,)` int64 row indices (ascending), `width` their longest length; rows of length 0
+        are in no group (nothing to score).
+    """
+    overhead = BUCKET_OVERHEAD_POSITIONS if overhead is None else overhead
+    order = sorted((int(n), i) for i, n in enumerate(lengths.tolist()) if n > 0)
+    best, cut = [0.0], [0]  # best[j]: the cheapest grouping of the j shortest rows; its last group starts at cut[j]
+    for j in range(1, len(order) + 1):
+        width = order[j - 1][0]
+        costs = [best[i] + (j - i) * (width + 1) + overhead for i in range(j)]
+        cut.append(min(range(j), key=costs.__getitem__))
+        best.append(costs[cut[-1]])
+    groups, j = [], len(order)
+    while j > 0:
+        rows = sorted(i for _, i in order[cut[j] : j])
+        groups.append((torch.tensor(rows, dtype=torch.long, device=lengths.device), order[j - 1][0]))
+        j = cut[j]
+    return groups[::-1]
+
+
+def prefix_for_rows(model: nn.Module, cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
+    """A read-only `shared_prefix_cache` restricted to `rows` (`(k,)` int64 indices into its N rows): the same U
+    distinct prompts' keys and values (gradients still reach the one prompt pass), expanded to those rows only."""
+    subset = DynamicCache(config=text_config(model))
+    subset.layers = [_PrefixLayer(layer.keys, layer.values, layer.inverse[rows]) for layer in cache.layers]
+    return subset
+
+
 def prefix_was_read(cache: DynamicCache) -> bool:
     """Whether every layer of a read-only `shared_prefix_cache` was read since it was made: a model whose forward does
     not pass the cache to its layers computes without the prompt, and the caller must then not use that result."""

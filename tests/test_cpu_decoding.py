@@ -1,0 +1,181 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""Packed weights compute the same logits, and inverse-CDF draws follow torch.multinomial's distribution
+(trl/trainer/cpu_decoding.py)."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+import trl.trainer.cpu_decoding as cpu_decoding
+from trl.trainer.cpu_decoding import (
+    MIN_NEW_TOKENS_HEAD,
+    MIN_NEW_TOKENS_LAYERS,
+    inverse_cdf_draw,
+    inverse_cdf_sampling,
+    packable_linears,
+    packed_linear_weights,
+)
+from trl.trainer.grpo_generation import sample_completions
+
+
+needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL-packed products need an MKL build")
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_lm_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_lm_path)
+
+
+def _batch(tokenizer, repeats=4):
+    encoded = tokenizer(["1+2=", "13+4+5="], return_tensors="pt", padding=True, padding_side="left")
+    return encoded["input_ids"].repeat_interleave(repeats, 0), encoded["attention_mask"].repeat_interleave(repeats, 0)
+
+
+def _config(tokenizer, max_new_tokens):
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, disable_compile=True,
+    )  # fmt: skip
+
+
+@needs_mkl
+def test_packable_linears_follow_the_number_of_new_tokens(lm):
+    model, _ = lm
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    assert packable_linears(model, MIN_NEW_TOKENS_HEAD - 1) == [] and packable_linears(model, None) == []
+    assert packable_linears(model, MIN_NEW_TOKENS_HEAD) == [model.get_output_embeddings()]
+    assert packable_linears(model, MIN_NEW_TOKENS_LAYERS - 1) == [model.get_output_embeddings()]
+    assert packable_linears(model, MIN_NEW_TOKENS_LAYERS) == linears and len(linears) > 1
+    # a forward of someone else's, or a weight that is not float32, is left alone
+    head = model.get_output_embeddings()
+    head.forward = lambda x: nn.Linear.forward(head, x)
+    try:
+        assert head not in packable_linears(model, MIN_NEW_TOKENS_LAYERS)
+    finally:
+        del head.forward
+    assert packable_linears(nn.Linear(4, 4).double(), MIN_NEW_TOKENS_LAYERS) == []
+
+
+@needs_mkl
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_packed_layer_is_bitwise_the_plain_one_at_its_row_count_only(bias, monkeypatch):
+    layer = nn.Linear(64, 96, bias=bias)
+    calls = []
+    original = torch.ops.mkl._mkl_linear
+    monkeypatch.setattr(cpu_decoding, "_packed_forward", _spy(calls))
+    with torch.inference_mode(), packed_linear_weights(layer, 16, MIN_NEW_TOKENS_LAYERS):
+        assert "forward" in vars(layer)
+        for shape in [(16, 64), (16, 1, 64), (4, 4, 64), (5, 64), (86, 64)]:
+            x = torch.randn(shape)
+            assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)), shape
+    assert "forward" not in vars(layer)
+    # the packed product ran for the three inputs of 16 rows, the plain forward for the others
+    assert [rows for rows, packed in calls if packed] == [16, 16, 16]
+    assert sum(not packed for _, packed in calls) == 2 and torch.ops.mkl._mkl_linear is original
+
+
+def _spy(calls):
+    packed_forward = cpu_decoding._packed_forward
+
+    def spy(layer, packed, rows, x):
+        calls.append((x.numel() // x.size(-1), x.numel() // x.size(-1) == rows))
+        return packed_forward(layer, packed, rows, x)
+
+    return spy
+
+
+@needs_mkl
+@pytest.mark.parametrize("max_new_tokens", [MIN_NEW_TOKENS_HEAD, MIN_NEW_TOKENS_LAYERS])
+def test_generation_with_packed_weights_draws_the_same_tokens(lm, max_new_tokens):
+    model, tokenizer = lm
+    ids, mask = _batch(tokenizer)
+    config = _config(tokenizer, max_new_tokens)
+    config.eos_token_id = None  # every step decodes
+    outputs = []
+    for packed in (False, True):
+        torch.manual_seed(5)
+        outputs.append(sample_completions(model, ids, mask, config, "shared_prefix", packed_weights=packed))
+    assert outputs[0].shape == (8, max_new_tokens) and torch.equal(outputs[0], outputs[1])
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
+def test_inverse_cdf_draws_follow_the_weights():
+    weights = torch.tensor(
+        [[0.0, 2.0, 0.0, 1.0, 0.0, 5.0, 0.0],  # unnormalised, zeros between and at both ends
+         [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0],  # one token: the last
+         [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # one token: the first
+         [1e-30, 1.0, 1.0, 1.0, 1.0, 1.0, 1e-30]],
+    )  # fmt: skip
+    n = 200_000
+    generator = torch.Generator().manual_seed(0)
+    draws = inverse_cdf_draw(weights.repeat_interleave(n, 0), generator)
+    assert draws.shape == (4 * n, 1) and draws.dtype == torch.int64
+    for row in range(4):
+        counts = torch.bincount(draws[row * n : (row + 1) * n, 0], minlength=7).double()
+        p = weights[row].double() / weights[row].double().sum()
+        assert counts[p == 0].sum() == 0, "a zero weight was drawn"
+        tolerance = 5 * (n * p * (1 - p)).sqrt() + 1  # 5 standard deviations of a binomial count
+        assert ((counts - n * p).abs() <= tolerance).all(), (row, counts.tolist())
+    # the same seed, the same draws; a uniform number of 0 picks the first token with a weight
+    again = inverse_cdf_draw(weights.repeat_interleave(n, 0), torch.Generator().manual_seed(0))
+    assert torch.equal(draws, again)
+
+
+
+@pytest.mark.parametrize("uniform, expected", [(0.0, 2), (0.5, 2), (2 / 3, 4), (1 - 2**-53, 4), (1.0, 4)])
+def test_inverse_cdf_ends_never_pick_a_zero_weight(uniform, expected, monkeypatch):
+    """u = 0 picks the first token with a weight; u at the top of [0, 1), and even u = 1 (a product that reaches the
+    total), pick the last token with a weight, not the zero-weight tokens after it."""
+    weights = torch.tensor([[0.0, 0.0, 2.0, 0.0, 1.0, 0.0, 0.0]])
+    monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.full(shape, uniform, dtype=kwargs["dtype"]))
+    assert inverse_cdf_draw(weights).item() == expected
+
+
+def test_multinomial_inside_the_block_only_and_its_errors_kept(monkeypatch):
+    probs = torch.softmax(torch.randn(3, 50), -1)
+    torch.manual_seed(0)
+    outside = torch.multinomial(probs, 1)
+    torch.manual_seed(0)
+    reference = torch.multinomial(probs, 1)
+    assert torch.equal(outside, reference)
+    calls = []
+    draw = cpu_decoding._draw_from_cumulative
+    monkeypatch.setattr(cpu_decoding, "_draw_from_cumulative", lambda c, g: calls.append(c.shape) or draw(c, g))
+    with inverse_cdf_sampling():
+        torch.manual_seed(0)
+        inside = torch.multinomial(probs, 1)
+        torch.manual_seed(0)
+        assert torch.equal(inside, inverse_cdf_draw(probs))
+        assert torch.multinomial(probs, 2).shape == (3, 2)  # two samples: torch's own
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(torch.multinomial(probs, 1)))
+        thread.start()
+        thread.join()
+        for bad in (probs - 0.1, probs * float("nan"), torch.zeros(3, 50), probs * float("inf")):
+            with pytest.raises(RuntimeError, match="probability tensor contains|invalid multinomial"):
+                torch.multinomial(bad, 1)
+    # the block's one-sample call and the direct `inverse_cdf_draw`; the other thread, the two-sample call and the bad
+    # weights went to torch
+    assert calls == [(3, 50), (3, 50)] and len(seen) == 1
+    torch.manual_seed(0)
+    assert torch.equal(torch.multinomial(probs, 1), reference)
+
+
+def test_first_tokens_with_inverse_cdf_sampling_follow_the_model(lm):
+    model, tokenizer = lm
+    n = 3000
+    ids, mask = _batch(tokenizer, repeats=n)
+    torch.manual_seed(0)
+    first = sample_completions(model, ids, mask, _config(tokenizer, 1), "shared_prefix", inverse_cdf=True)[:, 0]
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=ids[::n], attention_mask=mask[::n]).logits[:, -1].double(), -1)
+    for prompt in range(2):
+        counts = torch.bincount(first[prompt * n : (prompt + 1) * n], minlength=probs.size(1)).double()
+        p = probs[prompt]
+        tolerance = 5 * (n * p * (1 - p)).sqrt() + 2
+        assert ((counts - n * p).abs() <= tolerance).all(), (counts - n * p).abs().max()
