@@ -2,12 +2,14 @@
 """Packed weights compute the same logits, and inverse-CDF draws follow torch.multinomial's distribution
 (trl/trainer/cpu_decoding.py)."""
 
+import collections
 import threading
 
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 import trl.trainer.cpu_decoding as cpu_decoding
@@ -23,6 +25,18 @@ from trl.trainer.grpo_generation import sample_completions
 
 
 needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL-packed products need an MKL build")
+
+
+class CountedOps(TorchDispatchMode):
+    """Counts the ATen operators run inside it, by name (`mkl._mkl_linear`: the packed products)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.name().split("::")[-1].split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(scope="module")
@@ -66,17 +80,22 @@ def test_packable_linears_follow_the_number_of_new_tokens(lm):
 def test_a_packed_layer_is_bitwise_the_plain_one_at_its_row_count_only(bias, monkeypatch):
     layer = nn.Linear(64, 96, bias=bias)
     calls = []
-    original = torch.ops.mkl._mkl_linear
     monkeypatch.setattr(cpu_decoding, "_packed_forward", _spy(calls))
     with torch.inference_mode(), packed_linear_weights(layer, 16, MIN_NEW_TOKENS_LAYERS):
         assert "forward" in vars(layer)
         for shape in [(16, 64), (16, 1, 64), (4, 4, 64), (5, 64), (86, 64)]:
             x = torch.randn(shape)
-            assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)), shape
+            with CountedOps() as ops:
+                y = layer(x)
+            assert torch.equal(y, F.linear(x, layer.weight, layer.bias)), shape
+            # the packed product for the inputs of 16 rows, the layer's own forward for the others
+            assert ops.counts["_mkl_linear"] == (x.numel() // 64 == 16), shape
     assert "forward" not in vars(layer)
-    # the packed product ran for the three inputs of 16 rows, the plain forward for the others
-    assert [rows for rows, packed in calls if packed] == [16, 16, 16]
-    assert sum(not packed for _, packed in calls) == 2 and torch.ops.mkl._mkl_linear is original
+    assert [rows for rows, packed in calls if packed] == [16, 16, 16] and len(calls) == 5
+    # with a graph to build (a trainable weight, gradients on): the plain forward, whose backward exists
+    with packed_linear_weights(layer, 16, MIN_NEW_TOKENS_LAYERS), CountedOps() as ops:
+        layer(torch.randn(16, 64)).sum().backward()
+    assert ops.counts["_mkl_linear"] == 0 and layer.weight.grad is not None
 
 
 def _spy(calls):
@@ -96,11 +115,16 @@ def test_generation_with_packed_weights_draws_the_same_tokens(lm, max_new_tokens
     ids, mask = _batch(tokenizer)
     config = _config(tokenizer, max_new_tokens)
     config.eos_token_id = None  # every step decodes
-    outputs = []
+    outputs, counts = [], []
     for packed in (False, True):
         torch.manual_seed(5)
-        outputs.append(sample_completions(model, ids, mask, config, "shared_prefix", packed_weights=packed))
+        with CountedOps() as ops:
+            outputs.append(sample_completions(model, ids, mask, config, "shared_prefix", packed_weights=packed))
+        counts.append(ops.counts["_mkl_linear"])
     assert outputs[0].shape == (8, max_new_tokens) and torch.equal(outputs[0], outputs[1])
+    # one packed product per packed layer and decode step (the prefill of 2 distinct prompts runs plain)
+    layers = len(packable_linears(model, max_new_tokens))
+    assert counts == [0, layers * max_new_tokens] and layers >= 1
     assert all("forward" not in vars(m) for m in model.modules())
 
 
@@ -137,6 +161,7 @@ def test_inverse_cdf_ends_never_pick_a_zero_weight(uniform, expected, monkeypatc
 
 
 def test_multinomial_inside_the_block_only_and_its_errors_kept(monkeypatch):
+    original = torch.multinomial
     probs = torch.softmax(torch.randn(3, 50), -1)
     torch.manual_seed(0)
     outside = torch.multinomial(probs, 1)
@@ -164,14 +189,28 @@ def test_multinomial_inside_the_block_only_and_its_errors_kept(monkeypatch):
     assert calls == [(3, 50), (3, 50)] and len(seen) == 1
     torch.manual_seed(0)
     assert torch.equal(torch.multinomial(probs, 1), reference)
+    assert torch.multinomial is original  # put back when the block closed
 
 
-def test_first_tokens_with_inverse_cdf_sampling_follow_the_model(lm):
+def test_nested_blocks_and_an_empty_batch():
+    original = torch.multinomial
+    with inverse_cdf_sampling():
+        with inverse_cdf_sampling():
+            assert torch.multinomial is not original
+        assert torch.multinomial is not original  # the outer block is still open
+        assert torch.multinomial(torch.ones(0, 5), 1).shape == (0, 1)  # torch's own answer
+    assert torch.multinomial is original
+
+
+def test_first_tokens_with_inverse_cdf_sampling_follow_the_model(lm, monkeypatch):
     model, tokenizer = lm
     n = 3000
     ids, mask = _batch(tokenizer, repeats=n)
+    calls, draw = [], cpu_decoding._draw_from_cumulative
+    monkeypatch.setattr(cpu_decoding, "_draw_from_cumulative", lambda c, g: calls.append(c.shape) or draw(c, g))
     torch.manual_seed(0)
     first = sample_completions(model, ids, mask, _config(tokenizer, 1), "shared_prefix", inverse_cdf=True)[:, 0]
+    assert calls == [(2 * n, model.config.vocab_size)]  # generate's one draw went through the inverse CDF
     with torch.no_grad():
         probs = torch.softmax(model(input_ids=ids[::n], attention_mask=mask[::n]).logits[:, -1].double(), -1)
     for prompt in range(2):

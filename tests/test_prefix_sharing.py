@@ -517,10 +517,10 @@ def test_completion_groups_only_for_leading_tokens_that_pay(monkeypatch):
 def test_length_grouped_scoring_equals_the_one_pass(model, monkeypatch, grad):
     from trl.trainer import prefix_sharing
 
-    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 2)
+    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 4)
     ids, mask, length = _batch(model.config.vocab_size, prompt_lengths=(6, 3), repeats=4, completion_length=7)
     mask[:, -length:] = 1
-    for row, n in enumerate([7, 1, 1, 0, 7, 2, 1, 7]):  # row 3 has nothing to score
+    for row, n in enumerate([7, 1, 2, 0, 6, 2, 1, 7]):  # row 3 has nothing to score
         mask[row, ids.size(1) - length + n :] = 0
     completion_mask = mask[:, -length:]
     results = {}
@@ -537,12 +537,31 @@ def test_length_grouped_scoring_equals_the_one_pass(model, monkeypatch, grad):
         results[grouped] = (scores.per_token_logps.detach(), scores.entropies.detach(), grads, shapes)
         del model.forward  # the recording wrapper
     plain, grouped = results[False], results[True]
-    # the prompt pass once; then the 3 rows of 1 token (2 positions), the row of 2, the 3 rows of 7
-    assert plain[3] == [(2, 5), (8, 8)] and grouped[3] == [(2, 5), (3, 2), (1, 3), (3, 8)]
+    # the prompt pass once; then the 4 rows of 1-2 tokens (3 positions: one past the 1-token rows' end), the 3 rows
+    # of 6-7; row 3 in neither
+    assert plain[3] == [(2, 5), (8, 8)] and grouped[3] == [(2, 5), (4, 3), (3, 8)]
     valid = completion_mask.bool()
     for values, reference in ((grouped[0], plain[0]), (grouped[1], plain[1])):
         torch.testing.assert_close(values[valid], reference[valid], atol=1e-5, rtol=0)
-        assert (values[~valid] == 0).all()  # nothing computed past a completion
+        # 0 where the mask leaves a position out, in both paths: computed inside a group (the 1- and 6-token rows)
+        # or not at all (row 3, the narrow group's rows past width 2)
+        assert (values[~valid] == 0).all() and (reference[~valid] == 0).all()
     assert grouped[2].keys() == plain[2].keys() and (len(plain[2]) > 0) == grad
     for name, g in plain[2].items():
         torch.testing.assert_close(grouped[2][name], g, atol=1e-5 * float(g.abs().max()), rtol=1e-4)
+
+
+def test_grouped_passes_after_the_first_run_inside_the_wrapper(model, monkeypatch):
+    """Under DDP every rank must make one wrapped forward per pass whatever its groups: the groups after the first
+    run on the module inside the wrapper (`inner_pass_model`), as the prompt pass does."""
+    from trl.trainer import prefix_sharing
+
+    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 0)
+    ids, mask, length = _batch(model.config.vocab_size, completion_length=5)  # rows of 3 and 5 tokens
+    wrapper = torch.nn.DataParallel(model)  # unwrapped like DDP (`extract_model_from_parallel`), no process group
+    wrapped = _record_forward_shapes(wrapper)
+    inner = _record_forward_shapes(model)
+    score_completions(wrapper, ids, mask, length, 1.0, None, False, False, False, True, length_grouped=True)
+    # the wrapper: one pass (the first group, the 3 rows of 3 tokens); inside: the prompt pass, that pass, the 5 rows
+    # of 5 tokens
+    assert wrapped == [(3, 4)] and inner == [(2, 5), (3, 4), (5, 6)]

@@ -339,14 +339,18 @@ def test_packed_weights_draw_the_same_tokens_on_chat_prompts(smollm2_path):
         max_new_tokens=MIN_NEW_TOKENS_LAYERS, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=None, disable_compile=True,
     )  # fmt: skip
+    from test_cpu_decoding import CountedOps
+
     outputs = []
     for packed in (False, True):
         torch.manual_seed(0)
-        outputs.append(
-            sample_completions(model, input_ids[:, :prompt_length], mask[:, :prompt_length], config,
-                               packed_weights=packed)
-        )  # fmt: skip
+        with CountedOps() as ops:
+            outputs.append(
+                sample_completions(model, input_ids[:, :prompt_length], mask[:, :prompt_length], config,
+                                   packed_weights=packed)
+            )  # fmt: skip
     assert outputs[0].shape == (4, MIN_NEW_TOKENS_LAYERS) and torch.equal(outputs[0], outputs[1])
+    assert ops.counts["_mkl_linear"] == (30 * 7 + 1) * MIN_NEW_TOKENS_LAYERS  # every projection and the head
 
 
 def test_cli_trains_the_converted_folder(smollm2_path, tmp_path):

@@ -6,7 +6,9 @@
 Each rank trains the same 2 GRPO steps twice from the same seed, with `shared_prefix_scoring=False` and then `True`,
 at the default sharing threshold (`MIN_SHARED_PREFIX_TOKENS`, not patched): the prompts have 24 tokens. In
 `ddp_diverge` (DDP) rank 1 reads 12-token prompts instead, below the threshold, so rank 0 shares its prompts and rank 1
-scores plain in the same steps: the ranks decide differently, and their collectives must still match. It records
+scores plain in the same steps: the ranks decide differently, and their collectives must still match; there, a third of
+the vocabulary stops a completion (`generation_kwargs`) and every length difference splits the completions into
+length groups (`BUCKET_OVERHEAD_POSITIONS = 0`), so rank 0 also runs more passes than rank 1. It records
 the logged loss, entropy and gradient norm of every step, the per-token log-probs of every scoring pass
 (reference and training passes), and how many scoring passes shared their prompts (calls of `shared_prefix_cache`
 that returned a cache), with and without gradients. It writes them to `OUT_DIR/<mode>_rank<r>.json`.
@@ -37,7 +39,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     from datasets import Dataset
 
     from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer import grpo_scoring, grpo_trainer
+    from trl.trainer import grpo_scoring, grpo_trainer, prefix_sharing
 
     extra = {}
     if mode == "zero2":
@@ -48,6 +50,10 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
             "train_batch_size": "auto",
             "gradient_clipping": "auto",
         }
+    if mode == "ddp_diverge":  # a third of the vocabulary stops a completion: lengths vary, so groups form
+        from transformers import AutoConfig
+
+        extra["generation_kwargs"] = {"eos_token_id": list(range(AutoConfig.from_pretrained(model_dir).vocab_size // 3))}
     rank = int(os.environ.get("RANK", "0"))
     prompts = SHORT_PROMPTS if mode == "ddp_diverge" and rank == 1 else PROMPTS
     args = GRPOConfig(
@@ -71,6 +77,11 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
 
     shared = {"with_gradients": 0, "without_gradients": 0}
     make_cache, score = grpo_scoring.shared_prefix_cache, grpo_trainer.score_completions
+    rows_cache, overhead, grouped = grpo_scoring.prefix_for_rows, prefix_sharing.BUCKET_OVERHEAD_POSITIONS, [0]
+
+    def counting_groups(*a, **k):
+        grouped[0] += 1
+        return rows_cache(*a, **k)
     logps: list[list] = []
 
     def counting_cache(*a, **k):
@@ -86,6 +97,9 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
 
     grpo_scoring.shared_prefix_cache = counting_cache
     grpo_trainer.score_completions = recording_score
+    grpo_scoring.prefix_for_rows = counting_groups
+    if mode == "ddp_diverge":
+        prefix_sharing.BUCKET_OVERHEAD_POSITIONS = 0
     try:
         trainer = GRPOTrainer(
             model=model_dir,
@@ -98,11 +112,13 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     finally:
         grpo_scoring.shared_prefix_cache = make_cache
         grpo_trainer.score_completions = score
+        grpo_scoring.prefix_for_rows, prefix_sharing.BUCKET_OVERHEAD_POSITIONS = rows_cache, overhead
     history = [log for log in trainer.state.log_history if "grad_norm" in log]
     return {
         "steps": [{k: log[k] for k in ("loss", "entropy", "grad_norm")} for log in history],
         "logps": logps,
         "shared": shared,
+        "grouped_passes": grouped[0],
         "prompt_tokens": prompt_tokens,
         "threshold": grpo_scoring.MIN_SHARED_PREFIX_TOKENS,
         "policy_type": type(trainer.model_wrapped).__name__,

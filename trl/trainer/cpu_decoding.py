@@ -5,6 +5,7 @@ probability (the same distribution as `torch.multinomial`). `grpo_generation.sam
 
 import contextvars
 import functools
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -27,8 +28,8 @@ def packable_linears(model: nn.Module, max_new_tokens: int | None) -> list[nn.Li
     tokens: its LM head from `MIN_NEW_TOKENS_HEAD` tokens on, every other layer from `MIN_NEW_TOKENS_LAYERS` on; none
     without MKL (`torch.backends.mkl`, x86 builds of PyTorch). A packed layer is exactly `nn.Linear` (no subclass:
     quantised and parametrised layers are not) with a float32, contiguous, plain (unsharded) CPU weight, and no
-    forward replaced by anyone else (accelerate's offload hooks, `cast_lm_head_to_fp32`). A PEFT adapter's base
-    layer is such a layer; its adapter runs as it is."""
+    forward replaced by anyone else (accelerate's offload hooks, `cast_lm_head_to_fp32`). A PEFT LoRA layer's base
+    layer and its `lora_A`/`lora_B` are such layers (same outputs); the adapter's own forward runs as it is."""
     if not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"):
         return []
     tokens = max_new_tokens or 0
@@ -72,7 +73,8 @@ def packed_linear_weights(model: nn.Module, rows: int, max_new_tokens: int | Non
 def _packed_forward(layer: nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_autocast_enabled("cpu") or x.numel() == 0:
         return nn.Linear.forward(layer, x)
-    if x.numel() // x.size(-1) != rows or (torch.is_grad_enabled() and x.requires_grad):
+    graph = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, layer.weight, layer.bias))
+    if x.numel() // x.size(-1) != rows or graph:  # the packed product has no backward
         return nn.Linear.forward(layer, x)
     return torch.ops.mkl._mkl_linear(x, packed, layer.weight, layer.bias, rows)
 
@@ -98,34 +100,31 @@ def _draw_from_cumulative(cumulative: torch.Tensor, generator: torch.Generator |
     return torch.searchsorted(cumulative, threshold, right=True)
 
 
-def _wrap_multinomial() -> None:
-    """Wrap `torch.multinomial` once so that inside `inverse_cdf_sampling` its one-sample calls on CPU probability
-    rows go to `inverse_cdf_draw`; every other call, and every call outside the block, is the original's."""
-    original = torch.multinomial
-    if getattr(original, "_inverse_cdf", False):
-        return
+_ORIGINAL_MULTINOMIAL = torch.multinomial
+_INSTALLED = [0]  # open `inverse_cdf_sampling` blocks, all threads together
+_INSTALL_LOCK = threading.Lock()
 
-    @functools.wraps(original)
-    def multinomial(input, num_samples, replacement=False, *, generator=None, out=None):
-        if (
-            _INVERSE_CDF.get()
-            and num_samples == 1
-            and out is None
-            and input.dim() == 2
-            and input.device.type == "cpu"
-            and input.dtype in (torch.float32, torch.float64)
-            and input.size(1) > 0
-            and bool(input.min() >= 0)  # False for NaN
-        ):
-            cumulative = input.to(torch.float64).cumsum(-1)
-            total = cumulative[:, -1]
-            if bool((total > 0).all() & torch.isfinite(total).all()):  # an inf weight makes its row's total inf
-                return _draw_from_cumulative(cumulative, generator)
-        # anything else, including weights torch.multinomial rejects (with its own error)
-        return original(input, num_samples, replacement, generator=generator, out=out)
 
-    multinomial._inverse_cdf = True
-    torch.multinomial = multinomial
+@functools.wraps(_ORIGINAL_MULTINOMIAL)
+def _multinomial(input, num_samples, replacement=False, *, generator=None, out=None):
+    """`torch.multinomial` while an `inverse_cdf_sampling` block is open somewhere: the block's own thread draws its
+    one-sample calls on CPU probability rows with `inverse_cdf_draw`; every other call is the original's."""
+    if (
+        _INVERSE_CDF.get()
+        and num_samples == 1
+        and out is None
+        and input.dim() == 2
+        and input.device.type == "cpu"
+        and input.dtype in (torch.float32, torch.float64)
+        and input.numel() > 0
+        and bool(input.min() >= 0)  # False for NaN
+    ):
+        cumulative = input.to(torch.float64).cumsum(-1)
+        total = cumulative[:, -1]
+        if bool((total > 0).all() & torch.isfinite(total).all()):  # an inf weight makes its row's total inf
+            return _draw_from_cumulative(cumulative, generator)
+    # anything else, including weights torch.multinomial rejects (with its own error)
+    return _ORIGINAL_MULTINOMIAL(input, num_samples, replacement, generator=generator, out=out)
 
 
 @contextmanager
@@ -134,10 +133,17 @@ def inverse_cdf_sampling():
     transformers' `generate` calls to sample each token, draws with `inverse_cdf_draw`: the same distribution, from N
     uniform numbers instead of the N × V exponential ones of torch's CPU kernel (15 ms a step for 16 rows of
     SmolLM2's 49,152 tokens, one thread, against ~1 ms). The tokens drawn for a given seed differ from
-    `torch.multinomial`'s. Every other call is `torch.multinomial`'s own."""
-    _wrap_multinomial()
+    `torch.multinomial`'s. `torch.multinomial` is replaced while any such block is open (other threads and other
+    calls get the original's behaviour) and put back when the last one closes."""
+    with _INSTALL_LOCK:
+        _INSTALLED[0] += 1
+        torch.multinomial = _multinomial
     token = _INVERSE_CDF.set(True)
     try:
         yield
     finally:
         _INVERSE_CDF.reset(token)
+        with _INSTALL_LOCK:
+            _INSTALLED[0] -= 1
+            if not _INSTALLED[0]:
+                torch.multinomial = _ORIGINAL_MULTINOMIAL

@@ -111,9 +111,10 @@ class GRPOConfig(TrainingArguments):
             to its `num_generations` rows, then `generate`; `"generate"`: `generate` on the repeated prompts, as TRL
             does. Both sample from the same distribution; see "Generation paths" in the docs.
         packed_generation_weights (`bool`, *optional*, defaults to `True`):
-            On the CPU, pack the policy's float32 `nn.Linear` weights once per `generate` call of at least 16 new
-            tokens for MKL's products at the decode steps' row count, instead of MKL repacking them in every product.
-            The same logits to the bit, for one packed copy of the weights during the call; see "Faster CPU decoding".
+            On the CPU, pack the policy's float32 LM head (from 4 new tokens; every `nn.Linear` from 32) once per
+            `generate` call for MKL's products at the decode steps' row count, instead of MKL packing them again in
+            every product: bitwise the same logits on the CPUs tested, for a packed copy of those weights during the
+            call; see "Faster CPU decoding and length-grouped scoring".
         inverse_cdf_sampling (`bool`, *optional*, defaults to `True`):
             On the CPU, draw each sampled token with one uniform number per row against the cumulative probabilities
             (float64) instead of `torch.multinomial`'s one exponential number per vocabulary entry: the same

@@ -14,12 +14,13 @@ from torch.nn import functional as F
 from transformers.utils import logging
 
 from .activation_recompute import recompute_activations_applies, recomputed_activations
-from .chunked_logprobs import head_logprobs
+from .chunked_logprobs import DEFAULT_BLOCK_BYTES, head_logprobs
 from .grpo_losses import selective_log_softmax
 from .layouts import PLAIN, tensor_layout
 from .prefix_sharing import (
     cache_kept_under_checkpointing,
     checkpointed_modules,
+    inner_pass_model,
     length_buckets,
     length_scaled_ropes,
     position_ids_from_mask,
@@ -135,8 +136,8 @@ def score_completions(
     """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
     logits divided by `temperature`, so they describe the distribution the completions were sampled from.
 
-    Position ids come from the attention mask, so left padding does not change the result. Entropies are computed at
-    every position; callers average them over valid tokens only.
+    Position ids come from the attention mask, so left padding does not change the result. Log-probs and entropies are
+    0 at the completion positions the attention mask leaves out (whichever path computed them).
 
     With `share_prefix`, each forward pass first runs the distinct prompts of its rows (all but their last token)
     once, then every row's last prompt token and completion on top of that read-only KV cache
@@ -179,7 +180,8 @@ def score_completions(
         length_grouped: with `share_prefix`, run the completions on the shared prompt in groups of rows of similar
             length, each only as wide as its longest completion (`prefix_sharing.length_buckets`; rows with nothing
             to score are skipped), instead of every row as wide as the longest of all; the same log-probs and
-            gradients up to float rounding (smaller batches), 0 at positions past a row's completion.
+            gradients up to float rounding (smaller batches). Not under an FSDP(1) or static-graph DDP wrapper
+            (`length_grouping_blocker`).
 
     Returns:
         `Scores`.
@@ -214,6 +216,11 @@ def score_completions(
     recompute = recompute_elementwise_activations and torch.is_grad_enabled() and not recomputes_in_backward(model)
     lean = recomputed_activations() if recompute and recompute_activations_applies(model) else nullcontext()
     head = extract_model_from_parallel(model).get_output_embeddings() if chunked_logprobs else None
+    one_forward = batch_size >= input_ids.size(0)  # one forward (a kept head block) before the backward
+    block_positions = DEFAULT_BLOCK_BYTES // (4 * head.weight.size(0)) if chunked_logprobs else 0
+    by_length = length_grouped and share and (blocker := length_grouping_blocker(model)) is None
+    if length_grouped and share and blocker is not None:
+        _log_blocker(blocker, "length_grouped_scoring")
     with (
         cache_kept_under_checkpointing(model) if share else nullcontext(),
         tied as embedding,
@@ -240,7 +247,7 @@ def score_completions(
             )
             if cache is None and share_here and sink[0] is not None:  # a prompt pass whose cache is not used:
                 sink[0] = TiedGradSink()  # its lookup gets no gradient, so the plain pass counts on a new sink
-            def scored(outputs, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            def scored(outputs, targets: torch.Tensor, keep_block: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
                 """`(log-probs, entropies or None)` of `targets` `(rows, W)` from a pass that kept W + 1 positions."""
                 if not chunked_logprobs:
                     logits = outputs.logits[:, :-1, :]
@@ -264,7 +271,7 @@ def score_completions(
                     compute_entropy,
                     head_dtype,
                     grad_sink=sink[0],
-                    keep_block=batch_size >= input_ids.size(0),  # one forward before the backward
+                    keep_block=keep_block,
                 )
                 return logp, (entropy if entropy_grad else entropy.detach()) if compute_entropy else None
 
@@ -278,30 +285,40 @@ def score_completions(
                     use_cache=False,
                     **extra,
                 )
-                logp, entropy = scored(outputs, ids[:, -logits_to_keep:])
+                logp, entropy = scored(outputs, ids[:, -logits_to_keep:], one_forward)
                 if compute_aux_loss:
                     aux_losses.append(outputs.aux_loss)
             else:  # the last prompt token (it predicts the first completion token) and the completion, on the prompt
-                groups = completion_groups(mask[:, prompt_length:]) if length_grouped else None
+                groups = completion_groups(mask[:, prompt_length:]) if by_length else None
+                # kept head blocks (one per group) until the backward: only while together they fit in one
+                keep = one_forward and (groups is None or sum(len(r) * w for r, w in groups) <= block_positions)
                 parts = []
-                for rows, width in groups or [(None, logits_to_keep)]:  # None: every row, as it is
+                for index, (rows, width) in enumerate(groups or [(None, logits_to_keep)]):  # None: every row
                     take = slice(None) if rows is None else rows
                     end = prompt_length + width
                     rows_cache = cache if rows is None else prefix_for_rows(model, cache, rows)
-                    outputs = model(
-                        input_ids=ids[take, prompt_length - 1 : end],
-                        attention_mask=mask[take, :end],
-                        position_ids=position_ids[take, prompt_length - 1 : end],
-                        cache=rows_cache,
-                        logits_to_keep=width + 1,
-                        **no_router_logits,
-                    )
+                    # one pass through a DDP/DeepSpeed wrapper per pass on every rank, whatever its groups
+                    runner, context = (model, nullcontext()) if index == 0 else inner_pass_model(model)
+                    with context:
+                        outputs = runner(
+                            input_ids=ids[take, prompt_length - 1 : end],
+                            attention_mask=mask[take, :end],
+                            position_ids=position_ids[take, prompt_length - 1 : end],
+                            cache=rows_cache,
+                            logits_to_keep=width + 1,
+                            **no_router_logits,
+                        )
                     if not prefix_was_read(rows_cache):
                         raise RuntimeError(
                             f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
                         )
-                    parts.append((rows, scored(outputs, ids[take, prompt_length:end])))
+                    parts.append((rows, scored(outputs, ids[take, prompt_length:end], keep)))
                 logp, entropy = parts[0][1] if groups is None else rows_in_place(parts, ids.size(0), logits_to_keep)
+            # every path reads 0 where the attention mask leaves a completion position out (a grouped pass does not
+            # compute some of them): an old and a new pass of the same row then agree there
+            left_out = ~mask[:, prompt_length:].bool()
+            logp = logp.masked_fill(left_out, 0.0)
+            entropy = None if entropy is None else entropy.masked_fill(left_out, 0.0)
             logps.append(logp)
             if compute_entropy:
                 entropies.append(entropy)
@@ -310,6 +327,18 @@ def score_completions(
         torch.cat(entropies, dim=0) if compute_entropy else None,
         torch.stack(aux_losses).mean() if compute_aux_loss else None,
     )
+
+
+def length_grouping_blocker(model: nn.Module) -> str | None:
+    """Why the completions cannot run in several length groups under `model`'s wrapper, or `None`: an FSDP(1)
+    wrapper, whose every forward gathers the weights (the ranks' counts must match), and DDP with `static_graph=True`,
+    which expects the same graph every iteration. The groups after the first run on the model inside a DDP or
+    DeepSpeed wrapper (`prefix_sharing.inner_pass_model`), so every rank makes one wrapped forward per pass."""
+    if type(model).__name__ == "FullyShardedDataParallel":
+        return "an FSDP wrapper"
+    if getattr(model, "static_graph", False):
+        return "DDP with static_graph=True"
+    return None
 
 
 def completion_groups(completion_mask: torch.Tensor) -> list[tuple[torch.Tensor, int]] | None:

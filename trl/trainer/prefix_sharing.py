@@ -86,8 +86,9 @@ class _PrefixLayer(DynamicLayer):
         return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
 
-def _prompt_pass_model(model: nn.Module) -> tuple[nn.Module, object]:
-    """The module that runs the prompt pass of `shared_prefix_cache`, and the context to run it in.
+def inner_pass_model(model: nn.Module) -> tuple[nn.Module, object]:
+    """The module that runs a pass a rank may make and another may not (the prompt pass of `shared_prefix_cache`, the
+    length groups after the first of `grpo_scoring.score_completions`), and the context to run it in.
 
     Under DDP and a DeepSpeed (ZeRO-0/1/2) engine: the model inside the wrapper (`extract_model_from_parallel`, which
     keeps PEFT and accelerate's mixed-precision forward, `keep_fp32_wrapper=True`), in the engine's `torch_autocast`
@@ -128,7 +129,7 @@ def shared_prefix_cache(
     Args:
         model: a causal LM (or a PEFT/DDP/DeepSpeed wrapper around one). Gradients flow into the shared keys/values
             when they are enabled (each distinct prompt then receives the summed gradient of its rows). The prompt
-            pass runs on the model inside a DDP or DeepSpeed wrapper (`_prompt_pass_model`), so a rank that shares
+            pass runs on the model inside a DDP or DeepSpeed wrapper (`inner_pass_model`), so a rank that shares
             makes as many wrapped forwards (and their collectives) as one that does not.
         prompt_ids, prompt_mask: `(N, P)` left-padded prompts and their attention mask.
         read_only: `False` (generation): a `DynamicCache` that `generate` extends. `True` (scoring): a cache whose
@@ -156,7 +157,7 @@ def shared_prefix_cache(
             return None
         cache.layers = [_WriteOnceLayer() for _ in cache.layers]
     ids, mask = prompt_ids[first, :-1], prompt_mask[first, :-1]
-    inner, context = _prompt_pass_model(model)  # DDP/DeepSpeed unwrapped: one wrapped forward per pass on every rank
+    inner, context = inner_pass_model(model)  # DDP/DeepSpeed unwrapped: one wrapped forward per pass on every rank
     with context:
         inner(
             input_ids=ids,
