@@ -150,7 +150,6 @@ def test_inverse_cdf_draws_follow_the_weights():
     assert torch.equal(draws, again)
 
 
-
 @pytest.mark.parametrize("uniform, expected", [(0.0, 2), (0.5, 2), (2 / 3, 4), (1 - 2**-53, 4), (1.0, 4)])
 def test_inverse_cdf_ends_never_pick_a_zero_weight(uniform, expected, monkeypatch):
     """u = 0 picks the first token with a weight; u at the top of [0, 1), and even u = 1 (a product that reaches the

@@ -53,7 +53,9 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     if mode == "ddp_diverge":  # a third of the vocabulary stops a completion: lengths vary, so groups form
         from transformers import AutoConfig
 
-        extra["generation_kwargs"] = {"eos_token_id": list(range(AutoConfig.from_pretrained(model_dir).vocab_size // 3))}
+        extra["generation_kwargs"] = {
+            "eos_token_id": list(range(AutoConfig.from_pretrained(model_dir).vocab_size // 3))
+        }
     rank = int(os.environ.get("RANK", "0"))
     prompts = SHORT_PROMPTS if mode == "ddp_diverge" and rank == 1 else PROMPTS
     args = GRPOConfig(
@@ -82,6 +84,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     def counting_groups(*a, **k):
         grouped[0] += 1
         return rows_cache(*a, **k)
+
     logps: list[list] = []
 
     def counting_cache(*a, **k):

@@ -216,6 +216,34 @@ def score_completions(
     recompute = recompute_elementwise_activations and torch.is_grad_enabled() and not recomputes_in_backward(model)
     lean = recomputed_activations() if recompute and recompute_activations_applies(model) else nullcontext()
     head = extract_model_from_parallel(model).get_output_embeddings() if chunked_logprobs else None
+
+    def scored(outputs, targets: torch.Tensor, keep_block: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(log-probs, entropies or None)` of `targets` `(rows, W)` from a pass that kept W + 1 positions."""
+        if not chunked_logprobs:
+            logits = outputs.logits[:, :-1, :]
+            if temperature != 1.0:  # x / 1.0 == x: no (N, L, V) copy for nothing
+                logits = logits / temperature
+            out = selective_log_softmax(logits, targets, 2**28, compute_entropy, entropy_grad)
+            return out if compute_entropy else (out, None)
+        if not captured:  # the head's input at the W + 1 kept positions; the last one predicts nothing
+            raise RuntimeError(
+                f"{type(model).__name__} did not call its LM head in the forward pass; set `chunked_logprobs=False`."
+            )
+        hidden, head_dtype = captured[-1]  # the pass's last head call (a prompt pass may have made one too)
+        captured.clear()
+        logp, entropy = head_logprobs(
+            hidden[:, :-1, :],
+            head.weight,
+            head.bias,
+            targets,
+            temperature,
+            compute_entropy,
+            head_dtype,
+            grad_sink=sink[0],
+            keep_block=keep_block,
+        )
+        return logp, (entropy if entropy_grad else entropy.detach()) if compute_entropy else None
+
     one_forward = batch_size >= input_ids.size(0)  # one forward (a kept head block) before the backward
     block_positions = DEFAULT_BLOCK_BYTES // (4 * head.weight.size(0)) if chunked_logprobs else 0
     by_length = length_grouped and share and (blocker := length_grouping_blocker(model)) is None
@@ -247,34 +275,6 @@ def score_completions(
             )
             if cache is None and share_here and sink[0] is not None:  # a prompt pass whose cache is not used:
                 sink[0] = TiedGradSink()  # its lookup gets no gradient, so the plain pass counts on a new sink
-            def scored(outputs, targets: torch.Tensor, keep_block: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-                """`(log-probs, entropies or None)` of `targets` `(rows, W)` from a pass that kept W + 1 positions."""
-                if not chunked_logprobs:
-                    logits = outputs.logits[:, :-1, :]
-                    if temperature != 1.0:  # x / 1.0 == x: no (N, L, V) copy for nothing
-                        logits = logits / temperature
-                    out = selective_log_softmax(logits, targets, 2**28, compute_entropy, entropy_grad)
-                    return out if compute_entropy else (out, None)
-                if not captured:  # the head's input at the W + 1 kept positions; the last one predicts nothing
-                    raise RuntimeError(
-                        f"{type(model).__name__} did not call its LM head in the forward pass; set "
-                        "`chunked_logprobs=False`."
-                    )
-                hidden, head_dtype = captured[-1]  # the pass's last head call (a prompt pass may have made one too)
-                captured.clear()
-                logp, entropy = head_logprobs(
-                    hidden[:, :-1, :],
-                    head.weight,
-                    head.bias,
-                    targets,
-                    temperature,
-                    compute_entropy,
-                    head_dtype,
-                    grad_sink=sink[0],
-                    keep_block=keep_block,
-                )
-                return logp, (entropy if entropy_grad else entropy.detach()) if compute_entropy else None
-
             if cache is None:
                 extra = {"output_router_logits": True} if compute_aux_loss else {}
                 outputs = model(
