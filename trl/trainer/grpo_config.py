@@ -111,14 +111,12 @@ class GRPOConfig(TrainingArguments):
             to its `num_generations` rows, then `generate`; `"generate"`: `generate` on the repeated prompts, as TRL
             does. Both sample from the same distribution; see "Generation paths" in the docs.
         packed_generation_weights (`bool`, *optional*, defaults to `True`):
-            On the CPU, pack the policy's float32 LM head (from 4 new tokens; every `nn.Linear` from 32) once per
-            `generate` call for MKL's products at the decode steps' row count, instead of MKL packing them again in
-            every product: bitwise the same logits on the CPUs tested, for a packed copy of those weights during the
-            call; see "Faster CPU decoding and length-grouped scoring".
+            CPU `generate`: the float32 LM head (from 4 new tokens; every `nn.Linear` from 32) packed once per call for
+            MKL instead of in every decode-step product; bitwise the same logits on the CPUs tested.
         inverse_cdf_sampling (`bool`, *optional*, defaults to `True`):
-            On the CPU, draw each sampled token with one uniform number per row against the cumulative probabilities
-            (float64) instead of `torch.multinomial`'s one exponential number per vocabulary entry: the same
-            distribution, but other tokens than TRL's for the same seed; `False` restores `torch.multinomial`.
+            CPU `generate`: each token drawn with one uniform number per row against the float64 cumulative
+            probabilities instead of `torch.multinomial`'s exponential number per vocabulary entry: the same
+            distribution, other tokens than TRL's for a seed. See "Faster CPU decoding and length-grouped scoring".
         shared_prefix_scoring (`bool`, *optional*, defaults to `True`):
             Compute each distinct prompt once in the log-prob passes (reference, old policy when the batch is reused,
             and the training forward and backward): the prompt's keys and values are shared by the rows that repeat
@@ -128,10 +126,8 @@ class GRPOConfig(TrainingArguments):
             the MoE router loss's pass; with gradients, active dropout and reentrant checkpointing); see
             "Shared-prefix scoring" in the docs.
         length_grouped_scoring (`bool`, *optional*, defaults to `True`):
-            With `shared_prefix_scoring`, run the completions on the shared prompts in groups of rows of similar
-            length, each group only as wide as its longest completion, where that saves more positions than an extra
-            pass costs (~48 per group); rows with no completion token are skipped. Same log-probs and gradients up to
-            float rounding; it pays with long completions of mixed lengths (SmolLM2, 64 tokens: −25 %).
+            With `shared_prefix_scoring`, score the completions in groups of similar length, each only as wide as its
+            longest, where that saves more positions than a pass costs; same log-probs and gradients to float rounding.
         sparse_embedding_grad (`bool`, *optional*, defaults to `True`):
             In the training forward, let an input embedding tied to the LM head (SmolLM2, Qwen2.5-0.5B, Gemma, ...)
             produce only its looked-up rows' gradient, added in place into the LM head's (with `chunked_logprobs`)
@@ -157,12 +153,9 @@ class GRPOConfig(TrainingArguments):
             it pays where activations set the peak. Off for sharded parameters, autocast and gradient checkpointing;
             see "Element-wise activations rebuilt in the backward".
         retain_freed_cpu_memory (`bool`, *optional*, defaults to `True`):
-            When training on the CPU with glibc (Linux), keep the memory that freed tensors give back inside the
-            process for the next ones (`mallopt`: mmap threshold 32 MiB, trim threshold 2 GiB) instead of returning
-            it to the kernel and faulting in fresh zeroed pages every step (`trainer.cpu_memory`). Applies to the
-            whole process from the trainer's creation on; no effect on GPU runs or other C libraries. Faster (no
-            page faults per step after the first two); the peak resident memory can be higher: −20 to +69 MB in
-            three paired runs on SmolLM2-135M (see "The tied gradient, page faults and a nondeterministic backward").
+            On a CPU run with glibc (Linux), keep the memory that freed tensors give back in the process for the next
+            ones (`mallopt`: mmap threshold 32 MiB, trim threshold 2 GiB; `trainer.cpu_memory`) instead of faulting in
+            fresh pages every step. Applies to the whole process; peak RSS −20 to +69 MB in three paired SmolLM2 runs.
             With it, a `torch.optim.Adam`/`AdamW` optimizer's moments are also allocated at the start of training
             rather than at its first step (`cpu_memory.allocate_adam_state`; the same updates bit for bit), so that
             they do not land among that step's temporaries: −76 MB of peak RSS with `offload_ref_model=True` on
