@@ -332,8 +332,8 @@ def test_ranks_that_decide_differently_on_sharing_train_as_plain_scoring(ddp_div
     assert [rank["True"]["prompt_tokens"] for rank in (rank0, rank1)] == [24, 12]
     assert rank0["True"]["shared"] == {"with_gradients": 2, "without_gradients": 2}
     assert rank1["True"]["shared"] == {"with_gradients": 0, "without_gradients": 0}
-    # rank 0 also split its completions into length groups (one pass per group, the first through DDP)
-    assert rank0["True"]["grouped_passes"] > 0 and rank1["True"]["grouped_passes"] == 0
+    # rank 0 also packed completions of different lengths into shared rows (a 4-D mask); rank 1 ran padded rows
+    assert rank0["True"]["packed_passes"] > 0 and rank1["True"]["packed_passes"] == 0
     for rank in (rank0, rank1):
         plain, shared = rank["False"], rank["True"]
         assert rank["world_size"] == 2 and shared["policy_type"] == "DistributedDataParallel"

@@ -109,7 +109,7 @@ OUR_ONLY_DEFAULTS = {
     "packed_generation_weights": True,
     "inverse_cdf_sampling": True,
     "shared_prefix_scoring": True,
-    "length_grouped_scoring": True,
+    "packed_completion_scoring": True,
     "sparse_embedding_grad": True,
     "chunked_logprobs": True,
     "grouped_kv_attention": True,

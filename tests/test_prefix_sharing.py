@@ -12,7 +12,14 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer import grpo_scoring
 from trl.trainer.grpo_scoring import score_completions
-from trl.trainer.prefix_sharing import rope_sharing_blocker, scoring_sharing_blocker, split_lengths
+from trl.trainer.prefix_sharing import (
+    PACKABLE_MODEL_TYPES,
+    pack_completions,
+    packing_blocker,
+    rope_sharing_blocker,
+    scoring_sharing_blocker,
+    split_lengths,
+)
 
 
 PACKAGE_MIN_SHARED_PREFIX_TOKENS = grpo_scoring.MIN_SHARED_PREFIX_TOKENS  # read before any test patches it
@@ -31,8 +38,9 @@ def model(tiny_lm_path):
     return model
 
 
-def _batch(vocab_size, prompt_lengths=(6, 3), repeats=4, completion_length=5, seed=0):
-    """Left-padded prompts of different lengths, each repeated `repeats` times, then right-padded completions."""
+def _batch(vocab_size, prompt_lengths=(6, 3), repeats=4, completion_length=5, seed=0, lengths=None):
+    """Left-padded prompts of different lengths, each repeated `repeats` times, then right-padded completions (of
+    `lengths` tokens, or every third row 2 tokens short)."""
     g = torch.Generator().manual_seed(seed)
     width = max(prompt_lengths)
     prompts, prompt_mask = [], []
@@ -45,14 +53,16 @@ def _batch(vocab_size, prompt_lengths=(6, 3), repeats=4, completion_length=5, se
     completions = torch.randint(3, vocab_size, (n, completion_length), generator=g)
     completion_mask = torch.ones(n, completion_length, dtype=torch.long)
     completion_mask[::3, -2:] = 0  # some completions ended early
+    if lengths is not None:
+        completion_mask = (torch.arange(completion_length) < torch.tensor(lengths)[:, None]).long()
     ids = torch.cat([torch.stack(prompts), completions], 1)
     mask = torch.cat([torch.stack(prompt_mask).long(), completion_mask], 1)
     return ids, mask, completion_length
 
 
-def _score_and_grads(model, ids, mask, length, share):
+def _score_and_grads(model, ids, mask, length, share, packed=False):
     model.zero_grad()
-    scores = score_completions(model, ids, mask, length, 0.7, None, True, False, True, share)
+    scores = score_completions(model, ids, mask, length, 0.7, None, True, False, True, share, packed=packed)
     completion_mask = mask[:, -length:]
     ((scores.per_token_logps + scores.entropies) * completion_mask).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -72,19 +82,24 @@ def _record_forward_shapes(model):
     return shapes
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_shared_scoring_equals_one_plain_pass_values_and_gradients(model, checkpointing):
+def test_shared_scoring_equals_one_plain_pass_values_and_gradients(model, checkpointing, packed):
     if checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
         assert scoring_sharing_blocker(model) is None
-    ids, mask, length = _batch(model.config.vocab_size)
+    ids, mask, length = _batch(model.config.vocab_size, lengths=(5, 1, 2, 5, 3, 2, 5, 1))
     plain = _score_and_grads(model, ids, mask, length, share=False)
     shapes = _record_forward_shapes(model)
-    shared = _score_and_grads(model, ids, mask, length, share=True)
-    # 2 distinct prompts: all but their last token once, then every row's last prompt token + completion
-    assert shapes == [(2, ids.size(1) - length - 1), (ids.size(0), length + 1)]
+    shared = _score_and_grads(model, ids, mask, length, share=True, packed=packed)
+    # 2 distinct prompts: all but their last token once, then every row's last prompt token + completion: padded to
+    # the longest plus one position, or packed: rows of 7 holding 5 + 2, 5 + 1 (prompt A), 5 + 2, 3 + 1 (prompt B)
+    completions = (ids.size(0), length + 1) if not packed else (4, 7)
+    assert shapes == [(2, ids.size(1) - length - 1), completions]
     torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(shared[1], plain[1], atol=1e-5, rtol=0)
+    valid = mask[:, -length:].bool()
+    assert (shared[0][~valid] == 0).all() and (shared[1][~valid] == 0).all()
     assert shared[2].keys() == plain[2].keys() and len(plain[2]) == len(list(model.parameters()))
     for name, grad in plain[2].items():
         assert grad.abs().max() > 0, name
@@ -208,8 +223,9 @@ def test_a_model_that_ignores_the_cache_is_an_error(model):
             return self.inner(**kwargs, **({"cache": cache} if self.calls == 1 else {}))
 
     ids, mask, length = _batch(model.config.vocab_size)
-    with torch.no_grad(), pytest.raises(RuntimeError, match="shared_prefix_scoring=False"):
-        score_completions(DropsCache(model), ids, mask, length, 1.0, share_prefix=True)
+    for packed in (False, True):
+        with torch.no_grad(), pytest.raises(RuntimeError, match="shared_prefix_scoring=False"):
+            score_completions(DropsCache(model), ids, mask, length, 1.0, share_prefix=True, packed=packed)
 
 
 def test_lora_gradients_match(model):
@@ -220,8 +236,8 @@ def test_lora_gradients_match(model):
     ids, mask, length = _batch(model.config.vocab_size)
     plain = _score_and_grads(lora, ids, mask, length, share=False)
     shapes = _record_forward_shapes(lora)
-    shared = _score_and_grads(lora, ids, mask, length, share=True)
-    assert len(shapes) == 2  # the shared path ran
+    shared = _score_and_grads(lora, ids, mask, length, share=True, packed=True)
+    assert shapes[1] == (ids.size(0), length)  # the shared, packed path ran (each completion alone in its row)
     assert plain[2] and all("lora_" in name for name in plain[2])
     for name, grad in plain[2].items():
         torch.testing.assert_close(shared[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
@@ -346,8 +362,9 @@ def test_every_rope_type_of_transformers_is_covered():
         (12, 3),  # prompt pass: 11 (> 8); whole sequence: 15 (< 16): on one side of each limit
     ],
 )
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("rope_type", ROPE_TYPES)
-def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, completion_length):
+def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, completion_length, packed):
     """Where a RoPE rescales with the sequence length and the prompt pass would see other frequencies than the
     whole sequence, the pass runs plain (bitwise the plain result); everywhere else it shares, within 1e-5."""
     model = _rope_llama(rope_type)
@@ -361,8 +378,9 @@ def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, c
     with torch.no_grad(), patch.object(grpo_scoring.logger, "info") as info:
         plain = score_completions(model, ids, mask, completion_length, 1.0).per_token_logps
         shapes = _record_forward_shapes(model)
-        shared = score_completions(model, ids, mask, completion_length, 1.0, share_prefix=True).per_token_logps
-        score_completions(model, ids, mask, completion_length, 1.0, share_prefix=True)
+        shared = score_completions(model, ids, mask, completion_length, 1.0, share_prefix=True, packed=packed)
+        shared = shared.per_token_logps
+        score_completions(model, ids, mask, completion_length, 1.0, share_prefix=True, packed=packed)
     assert (shared - plain).abs().max() <= 1e-5
     if blocked:
         assert shapes == [tuple(ids.shape)] * 2
@@ -372,7 +390,8 @@ def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, c
             "the sequence length)."
         )
     else:
-        assert shapes[:2] == [(2, prompt_length - 1), (6, completion_length + 1)]  # it shared
+        # it shared (packed: every row as long as the longest, so one completion per row and no extra position)
+        assert shapes[:2] == [(2, prompt_length - 1), (6, completion_length + (not packed))]
         info.assert_not_called()
     reason = f"{rope_type} RoPE, whose frequencies depend on the sequence length"
     assert scoring_sharing_blocker(model) is None  # the RoPE is decided per pass, from its lengths
@@ -395,7 +414,8 @@ def test_split_lengths_counts_the_attended_tokens_of_the_longest_row():
     assert split_lengths(mask, 4) == (3, 5)
 
 
-def test_prompt_pass_runs_inside_the_data_parallel_wrapper(model):
+@pytest.mark.parametrize("packed", [False, True])
+def test_prompt_pass_runs_inside_the_data_parallel_wrapper(model, packed):
     """Under DDP each wrapped forward broadcasts buffers, and ranks decide on sharing from their own data: the prompt
     pass runs on the wrapped module, so a shared pass makes one wrapped forward, as a plain one does (here
     `nn.DataParallel`, which on CPU calls its module as DDP does). Same values and gradients as one plain pass."""
@@ -406,8 +426,9 @@ def test_prompt_pass_runs_inside_the_data_parallel_wrapper(model):
     plain = _score_and_grads(wrapper, ids, mask, length, share=False)
     assert len(calls) == 1
     shapes = _record_forward_shapes(model)
-    shared = _score_and_grads(wrapper, ids, mask, length, share=True)
-    assert len(calls) == 2 and shapes == [(2, ids.size(1) - length - 1), (ids.size(0), length + 1)]
+    shared = _score_and_grads(wrapper, ids, mask, length, share=True, packed=packed)
+    completions = (ids.size(0), length + (not packed))  # packed: one completion a row, no extra position
+    assert len(calls) == 2 and shapes == [(2, ids.size(1) - length - 1), completions]
     torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
     for name, grad in plain[2].items():
         torch.testing.assert_close(shared[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
@@ -481,87 +502,125 @@ def test_the_prefix_rows_gradient_is_the_same_in_every_run():
         torch.set_num_threads(threads)
 
 
-def test_length_buckets_minimise_positions_plus_overhead():
-    from trl.trainer.prefix_sharing import length_buckets
-
-    lengths = torch.tensor([2, 9, 0, 3, 9, 2])
-
-    def as_lists(groups):
-        return [(rows.tolist(), width) for rows, width in groups]
-
-    # no overhead: one group per distinct length (rows × (width + 1)); the empty row 2 is in none
-    assert as_lists(length_buckets(lengths, overhead=0)) == [([0, 5], 2), ([3], 3), ([1, 4], 9)]
-    # 4: {2, 2, 3} costs 3 × 4 + 4 = 16 against 2 × 3 + 4 + 1 × 4 + 4 = 18 split; {9, 9} apart saves 3 × 6 > 4
-    assert as_lists(length_buckets(lengths, overhead=4)) == [([0, 3, 5], 3), ([1, 4], 9)]
-    # a large overhead: every scored row in one group as wide as the longest
-    assert as_lists(length_buckets(lengths, overhead=100)) == [([0, 1, 3, 4, 5], 9)]
-    assert length_buckets(torch.zeros(3, dtype=torch.long)) == []
-
-
-def test_completion_groups_only_for_leading_tokens_that_pay(monkeypatch):
-    from trl.trainer import prefix_sharing
-    from trl.trainer.grpo_scoring import completion_groups
-
-    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
-    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 0)
-    assert [(r.tolist(), w) for r, w in completion_groups(mask)] == [([1], 1), ([2], 2), ([0], 4)]
-    assert completion_groups(torch.tensor([[1, 0, 1, 0], [1, 1, 1, 1]])) is None  # a token after a masked one
-    assert completion_groups(torch.ones(3, 4)) is None and completion_groups(torch.zeros(3, 4)) is None
-    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 100)
-    assert completion_groups(mask[:3]) is None  # one group of every row at full width: the plain pass
-    # ... but a row with nothing to score is left out of the one group
-    assert [(r.tolist(), w) for r, w in completion_groups(mask)] == [([0, 1, 2], 4)]
-
-
-@pytest.mark.parametrize("grad", [True, False])
-def test_length_grouped_scoring_equals_the_one_pass(model, monkeypatch, grad):
-    from trl.trainer import prefix_sharing
-
-    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 4)
-    ids, mask, length = _batch(model.config.vocab_size, prompt_lengths=(6, 3), repeats=4, completion_length=7)
-    mask[:, -length:] = 1
-    for row, n in enumerate([7, 1, 2, 0, 6, 2, 1, 7]):  # row 3 has nothing to score
-        mask[row, ids.size(1) - length + n :] = 0
-    completion_mask = mask[:, -length:]
-    results = {}
-    for grouped in (False, True):
-        model.zero_grad()
-        shapes = _record_forward_shapes(model)
-        with torch.set_grad_enabled(grad):
-            scores = score_completions(
-                model, ids, mask, length, 0.7, None, True, False, True, True, length_grouped=grouped
-            )
-        if grad:
-            ((scores.per_token_logps + scores.entropies) * completion_mask).sum().backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        results[grouped] = (scores.per_token_logps.detach(), scores.entropies.detach(), grads, shapes)
-        del model.forward  # the recording wrapper
-    plain, grouped = results[False], results[True]
-    # the prompt pass once; then the 4 rows of 1-2 tokens (3 positions: one past the 1-token rows' end), the 3 rows
-    # of 6-7; row 3 in neither
-    assert plain[3] == [(2, 5), (8, 8)] and grouped[3] == [(2, 5), (4, 3), (3, 8)]
-    valid = completion_mask.bool()
-    for values, reference in ((grouped[0], plain[0]), (grouped[1], plain[1])):
-        torch.testing.assert_close(values[valid], reference[valid], atol=1e-5, rtol=0)
-        # 0 where the mask leaves a position out, in both paths: computed inside a group (the 1- and 6-token rows)
-        # or not at all (row 3, the narrow group's rows past width 2)
-        assert (values[~valid] == 0).all() and (reference[~valid] == 0).all()
-    assert grouped[2].keys() == plain[2].keys() and (len(plain[2]) > 0) == grad
-    for name, g in plain[2].items():
-        torch.testing.assert_close(grouped[2][name], g, atol=1e-5 * float(g.abs().max()), rtol=1e-4)
+def test_pack_completions_lays_out_each_completion_on_its_prompt():
+    """A hand-worked packing: prompt A = [11, 12, 13] (rows 0-2), prompt B = [pad, 22, 23] (row 3); completions of
+    3, 1, 2 and 2 tokens. Rows of 3 (the longest), filled longest first: row 0; row 2 then row 1 (A); row 3 (B)."""
+    ids = torch.tensor(
+        [
+            [11, 12, 13, 101, 102, 103],
+            [11, 12, 13, 111, 0, 0],
+            [11, 12, 13, 121, 122, 0],
+            [0, 22, 23, 131, 132, 0],
+        ]
+    )
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0]])
+    plan = pack_completions(ids, mask, 3, torch.tensor([0, 0, 0, 1]))
+    # each completion: its last prompt token, then its tokens but the last; slack (row 2's end) holds 0
+    assert plan.input_ids.tolist() == [[13, 101, 102], [13, 121, 13], [23, 131, 0]]
+    # positions over the attended tokens: A's last prompt token is at 2, B's (left-padded) at 1
+    assert plan.position_ids.tolist() == [[2, 3, 4], [2, 3, 2], [1, 2, 0]]
+    assert plan.rows.tolist() == [0, 2, 3]
+    # flat packed index -> flat (N, L) index of the token it predicts, and that token
+    assert plan.source.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert plan.dest.tolist() == [0, 1, 2, 6, 7, 3, 9, 10]
+    assert plan.targets.tolist() == [101, 102, 103, 121, 122, 111, 131, 132]
+    assert plan.attention_mask.shape == (3, 1, 3, 2 + 3)
+    expected = [
+        [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]],  # row 0 alone: its prompt, then causal
+        [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 1]],  # row 2's two positions, then row 1's one
+        [[0, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 0, 0, 1]],  # B's padded first token unseen; slack sees itself
+    ]
+    assert plan.attention_mask[:, 0].long().tolist() == expected
+    # a completion mask that is not each row's first tokens, or no token at all: nothing to pack
+    holes = mask.clone()
+    holes[0, 4] = 0
+    assert pack_completions(ids, holes, 3, torch.tensor([0, 0, 0, 1])) is None
+    empty = mask.clone()
+    empty[:, 3:] = 0
+    assert pack_completions(ids, empty, 3, torch.tensor([0, 0, 0, 1])) is None
 
 
-def test_grouped_passes_after_the_first_run_inside_the_wrapper(model, monkeypatch):
-    """Under DDP every rank must make one wrapped forward per pass whatever its groups: the groups after the first
-    run on the module inside the wrapper (`inner_pass_model`), as the prompt pass does."""
-    from trl.trainer import prefix_sharing
+def test_pack_completions_widens_rows_where_that_saves_positions():
+    """One prompt, completions of 4, 3, 3 and 2 tokens (12 positions). Rows of 4: [4], [3], [3], [2] = 16
+    positions; rows of 6: [4, 2], [3, 3] = 12. The attention's cost per pair of positions decides between them."""
+    ids = torch.randint(3, 50, (4, 2 + 4), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    for row, n in enumerate([4, 3, 3, 2]):
+        mask[row, 2 + n :] = 0
+    inverse = torch.zeros(4, dtype=torch.long)
+    assert pack_completions(ids, mask, 2, inverse).input_ids.shape == (4, 4)  # no cost given: the longest's width
+    assert pack_completions(ids, mask, 2, inverse, 1e9).input_ids.shape == (2, 6)  # positions only
+    # attention (pairs of positions, 1 cached prompt position) at 1/4 position a pair: 4 × 4 × (1 + 5/4) = 36
+    # against 2 × 6 × (1 + 7/4) = 33; at 2 positions a pair: 16 × 11 = 176 against 12 × 15 = 180
+    assert pack_completions(ids, mask, 2, inverse, 4.0).input_ids.shape == (2, 6)
+    assert pack_completions(ids, mask, 2, inverse, 0.5).input_ids.shape == (4, 4)
 
-    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 0)
-    ids, mask, length = _batch(model.config.vocab_size, completion_length=5)  # rows of 3 and 5 tokens
-    wrapper = torch.nn.DataParallel(model)  # unwrapped like DDP (`extract_model_from_parallel`), no process group
-    wrapped = _record_forward_shapes(wrapper)
-    inner = _record_forward_shapes(model)
-    score_completions(wrapper, ids, mask, length, 1.0, None, False, False, False, True, length_grouped=True)
-    # the wrapper: one pass (the first group, the 3 rows of 3 tokens); inside: the prompt pass, that pass, the 5 rows
-    # of 5 tokens
-    assert wrapped == [(3, 4)] and inner == [(2, 5), (3, 4), (5, 6)]
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("model_type", PACKABLE_MODEL_TYPES)
+def test_packed_scoring_is_exact_for_every_packable_model_type(model_type, attention):
+    """Each model type allowed to pack, with SDPA (a boolean mask) and eager attention (an additive one): packed
+    log-probs and gradients against the padded pass on the shared prompt, to float rounding, from fewer positions."""
+    from transformers import AutoConfig
+
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=8)
+    # no sliding window (Mistral's default has one): a sliding-window cache scores plain, shared or not
+    config = AutoConfig.for_model(model_type, vocab_size=64, num_key_value_heads=2, pad_token_id=0, **sizes)
+    config.sliding_window = None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attention).float().train()
+    assert packing_blocker(model) is None
+    ids, mask, length = _batch(64, lengths=(5, 1, 2, 5, 3, 2, 5, 1))
+    padded = _score_and_grads(model, ids, mask, length, share=True)
+    shapes = _record_forward_shapes(model)
+    packed = _score_and_grads(model, ids, mask, length, share=True, packed=True)
+    # the prompt pass, then rows of 7 positions, two completions each (see the first test)
+    assert shapes == [(2, ids.size(1) - length - 1), (4, 7)]
+    torch.testing.assert_close(packed[0], padded[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[1], padded[1], atol=1e-5, rtol=0)
+    for name, grad in padded[2].items():
+        torch.testing.assert_close(packed[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
+
+
+def test_other_models_and_attention_kernels_score_padded(model):
+    """A model type not checked above, or an attention implementation that takes no 4-D mask: padded, logged once."""
+    ids, mask, length = _batch(model.config.vocab_size, lengths=(5, 1, 2, 5, 3, 2, 5, 1))
+    model.config.model_type = "qwen2_custom"  # as a remote-code model's own type would be
+    assert packing_blocker(model) == "model type 'qwen2_custom', whose handling of a 4-D mask is not tested"
+    grpo_scoring._LOGGED_BLOCKERS.clear()
+    shapes = _record_forward_shapes(model)
+    with torch.no_grad(), patch.object(grpo_scoring.logger, "info") as info:
+        for _ in range(2):
+            score_completions(model, ids, mask, length, 1.0, share_prefix=True, packed=True)
+    assert shapes[1] == shapes[3] == (ids.size(0), length + 1)
+    info.assert_called_once_with(
+        "packed_completion_scoring: some log-prob passes run plain (model type 'qwen2_custom', whose handling of a "
+        "4-D mask is not tested)."
+    )
+    model.config.model_type = "qwen2"
+    model.config._attn_implementation = "flash_attention_2"
+    assert packing_blocker(model) == "attention implementation 'flash_attention_2'"
+
+
+def test_generation_cache_writes_in_place_until_its_room_is_used_up():
+    from trl.trainer.prefix_sharing import _PreallocatedLayer
+
+    g = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 3, 4, 8, generator=g)
+    layer = _PreallocatedLayer(keys, values, room=3)
+    buffer = layer.buffers[0]
+    steps = [(torch.randn(2, 3, 1, 8, generator=g), torch.randn(2, 3, 1, 8, generator=g)) for _ in range(4)]
+    expected_keys, expected_values = keys, values
+    for index, (k, v) in enumerate(steps):
+        out_keys, out_values = layer.update(k, v)
+        expected_keys, expected_values = torch.cat([expected_keys, k], -2), torch.cat([expected_values, v], -2)
+        assert torch.equal(out_keys, expected_keys) and torch.equal(out_values, expected_values)
+        # in the buffer for 3 steps; the 4th no longer fits and is concatenated, as DynamicLayer does
+        assert (out_keys.data_ptr() == buffer.data_ptr()) == (index < 3)
+        assert layer.get_seq_length() == 5 + index
+    # after anything replaced the views (here a crop), it concatenates too
+    layer = _PreallocatedLayer(keys, values, room=3)
+    layer.crop(-1)
+    out_keys, _ = layer.update(*steps[0])
+    assert out_keys.data_ptr() != layer.buffers[0].data_ptr()
+    assert torch.equal(out_keys, torch.cat([keys[..., :3, :], steps[0][0]], -2))

@@ -297,28 +297,31 @@ def test_recomputed_activations_are_as_close_to_float64_as_the_plain_pass(smollm
     assert lean_bytes < 0.65 * plain_bytes, (lean_bytes, plain_bytes)
 
 
-def test_length_grouped_scoring_equals_one_pass_on_chat_prompts(smollm2_path, monkeypatch):
-    """The trainer's scoring defaults with the rows split by completion length (5 and 8 tokens here; a zero overhead
-    forces the split) against one pass over every row: log-probs, entropies and gradients to float rounding."""
-    from trl.trainer import prefix_sharing
+def test_packed_scoring_equals_the_padded_pass_on_chat_prompts(smollm2_path):
+    """The trainer's scoring defaults with the completions (5 and 8 tokens here) packed end to end against the padded
+    pass on the shared prompt: log-probs, entropies and gradients to float rounding, from fewer positions."""
+    from trl.trainer.prefix_sharing import pack_completions, unique_prompt_rows
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).train()
     input_ids, mask = chat_batch(AutoTokenizer.from_pretrained(smollm2_path))
     valid = mask[:, -8:].bool()
+    prompt_length = input_ids.size(1) - 8
+    _, inverse = unique_prompt_rows(input_ids[:, :prompt_length], mask[:, :prompt_length])
+    plan = pack_completions(input_ids, mask, prompt_length, inverse, model.config.hidden_size)
+    assert plan.input_ids.numel() < valid.size(0) * 9 and plan.source.numel() == int(valid.sum())
     defaults = dict(share_prefix=True, chunked_logprobs=True, sparse_embedding_grad=True, grouped_kv_attention=True)
-    monkeypatch.setattr(prefix_sharing, "BUCKET_OVERHEAD_POSITIONS", 0)
     results = []
-    for grouped in (False, True):
+    for packed in (False, True):
         model.zero_grad(set_to_none=True)
-        scores = score_completions(model, input_ids, mask, 8, 0.7, compute_entropy=True, length_grouped=grouped,
-                                   **defaults)  # fmt: skip
+        scores = score_completions(model, input_ids, mask, 8, 0.7, compute_entropy=True, packed=packed, **defaults)
         (scores.per_token_logps * valid).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        results.append((scores.per_token_logps.detach()[valid], scores.entropies.detach()[valid], grads))
-    (logps, entropies, grads), (grouped_logps, grouped_entropies, grouped_grads) = results
-    torch.testing.assert_close(grouped_logps, logps, atol=1e-4, rtol=0)
-    torch.testing.assert_close(grouped_entropies, entropies, atol=1e-4, rtol=0)
-    worst = max(((grouped_grads[n] - g).norm() / g.norm()).item() for n, g in grads.items())
+        results.append((scores.per_token_logps.detach(), scores.entropies.detach(), grads))
+    (logps, entropies, grads), (packed_logps, packed_entropies, packed_grads) = results
+    torch.testing.assert_close(packed_logps[valid], logps[valid], atol=1e-4, rtol=0)
+    torch.testing.assert_close(packed_entropies[valid], entropies[valid], atol=1e-4, rtol=0)
+    assert (packed_logps[~valid] == 0).all() and (packed_entropies[~valid] == 0).all()
+    worst = max(((packed_grads[n] - g).norm() / g.norm()).item() for n, g in grads.items())
     assert worst < 1e-4, worst
 
 

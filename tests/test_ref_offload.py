@@ -185,7 +185,7 @@ def test_a_failed_write_back_keeps_the_values(model_dir, tmp_path, monkeypatch):
     [
         ("grouped_kv_attention", "grouped_kv_attention"),
         ("recompute_elementwise_activations", "recompute_elementwise_activations"),
-        ("length_grouped_scoring", "length_grouped"),
+        ("packed_completion_scoring", "packed"),
     ],
 )
 def test_the_trainer_passes_its_scoring_fields(model_dir, tmp_path, monkeypatch, field, keyword):

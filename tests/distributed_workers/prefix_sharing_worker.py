@@ -7,8 +7,8 @@ Each rank trains the same 2 GRPO steps twice from the same seed, with `shared_pr
 at the default sharing threshold (`MIN_SHARED_PREFIX_TOKENS`, not patched): the prompts have 24 tokens. In
 `ddp_diverge` (DDP) rank 1 reads 12-token prompts instead, below the threshold, so rank 0 shares its prompts and rank 1
 scores plain in the same steps: the ranks decide differently, and their collectives must still match; there, a third of
-the vocabulary stops a completion (`generation_kwargs`) and every length difference splits the completions into
-length groups (`BUCKET_OVERHEAD_POSITIONS = 0`), so rank 0 also runs more passes than rank 1. It records
+the vocabulary stops a completion (`generation_kwargs`), so completions of different lengths share packed rows on
+rank 0 (`packed_completion_scoring`, a 4-D mask) while rank 1 runs padded rows. It records
 the logged loss, entropy and gradient norm of every step, the per-token log-probs of every scoring pass
 (reference and training passes), and how many scoring passes shared their prompts (calls of `shared_prefix_cache`
 that returned a cache), with and without gradients. It writes them to `OUT_DIR/<mode>_rank<r>.json`.
@@ -39,7 +39,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     from datasets import Dataset
 
     from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer import grpo_scoring, grpo_trainer, prefix_sharing
+    from trl.trainer import grpo_scoring, grpo_trainer
 
     extra = {}
     if mode == "zero2":
@@ -50,7 +50,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
             "train_batch_size": "auto",
             "gradient_clipping": "auto",
         }
-    if mode == "ddp_diverge":  # a third of the vocabulary stops a completion: lengths vary, so groups form
+    if mode == "ddp_diverge":  # a third of the vocabulary stops a completion: lengths vary, so rows pack
         from transformers import AutoConfig
 
         extra["generation_kwargs"] = {
@@ -79,11 +79,13 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
 
     shared = {"with_gradients": 0, "without_gradients": 0}
     make_cache, score = grpo_scoring.shared_prefix_cache, grpo_trainer.score_completions
-    rows_cache, overhead, grouped = grpo_scoring.prefix_for_rows, prefix_sharing.BUCKET_OVERHEAD_POSITIONS, [0]
+    pack, packed = grpo_scoring.pack_completions, [0]
 
-    def counting_groups(*a, **k):
-        grouped[0] += 1
-        return rows_cache(*a, **k)
+    def counting_packs(*a, **k):  # passes with at least one row that holds two completions
+        plan = pack(*a, **k)
+        if plan is not None and plan.input_ids.size(0) < a[0].size(0):
+            packed[0] += 1
+        return plan
 
     logps: list[list] = []
 
@@ -100,9 +102,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
 
     grpo_scoring.shared_prefix_cache = counting_cache
     grpo_trainer.score_completions = recording_score
-    grpo_scoring.prefix_for_rows = counting_groups
-    if mode == "ddp_diverge":
-        prefix_sharing.BUCKET_OVERHEAD_POSITIONS = 0
+    grpo_scoring.pack_completions = counting_packs
     try:
         trainer = GRPOTrainer(
             model=model_dir,
@@ -115,13 +115,13 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     finally:
         grpo_scoring.shared_prefix_cache = make_cache
         grpo_trainer.score_completions = score
-        grpo_scoring.prefix_for_rows, prefix_sharing.BUCKET_OVERHEAD_POSITIONS = rows_cache, overhead
+        grpo_scoring.pack_completions = pack
     history = [log for log in trainer.state.log_history if "grad_norm" in log]
     return {
         "steps": [{k: log[k] for k in ("loss", "entropy", "grad_norm")} for log in history],
         "logps": logps,
         "shared": shared,
-        "grouped_passes": grouped[0],
+        "packed_passes": packed[0],
         "prompt_tokens": prompt_tokens,
         "threshold": grpo_scoring.MIN_SHARED_PREFIX_TOKENS,
         "policy_type": type(trainer.model_wrapped).__name__,

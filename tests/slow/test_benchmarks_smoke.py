@@ -73,6 +73,15 @@ def _check_generation(out, tmp):
         assert shared > 0 and plain > 0 and ratio == pytest.approx(shared / plain, abs=0.01)
 
 
+def _check_packed_scoring(out, tmp):
+    header, rows = table_with(out, "L")
+    assert header[:3] == ["L", "scored tokens", "positions padded → packed"] and len(header) == 8
+    assert [row[0] for row in rows] == ["8"]
+    padded, packed = (int(x) for x in re.match(r"(\d+) → (\d+)", rows[0][2]).groups())
+    assert int(rows[0][1]) <= packed < padded == 16 * 9  # 16 rows of 8 tokens + 1, packed into fewer positions
+    assert all(number(cell) > 0 for cell in rows[0][3:7]) and number(rows[0][7]) < 1e-4
+
+
 def _check_grpo_step(out, tmp):
     header, rows = table_with(out, "sync")
     assert header == ["sync", "s/step (median)", "std", "peak GPU MiB"]
@@ -265,6 +274,7 @@ def _output_dir(tmp, values):
 
 CHECKS = {
     "benchmark_generation.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_generation),
+    "benchmark_packed_scoring.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_packed_scoring),
     "benchmark_grpo_step.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_grpo_step),
     "benchmark_sync_zero3.py": (lambda tmp, values: [], _check_sync_zero3),
     "benchmark_zero3_generation.py": (

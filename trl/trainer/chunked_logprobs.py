@@ -132,7 +132,7 @@ class _HeadLogProbs(torch.autograd.Function):
         head_weight = weight.to(head_dtype)
         head_bias = None if bias is None else bias.to(head_dtype)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None  # summed over blocks
+        grad_weight = None  # summed over blocks in float32 (the first block's product starts it)
         grad_bias = torch.zeros(weight.size(0), dtype=torch.float32, device=weight.device) if need_bias else None
         for start in range(0, hidden.size(0), rows):
             block = slice(start, start + rows)
@@ -160,7 +160,8 @@ class _HeadLogProbs(torch.autograd.Function):
             if need_hidden:
                 grad_hidden[block] = (grad @ head_weight).to(hidden.dtype)
             if need_weight:
-                grad_weight.addmm_(grad.t().float(), hidden[block].to(head_dtype).float())
+                product = (grad.t().float(), hidden[block].to(head_dtype).float())
+                grad_weight = torch.mm(*product) if grad_weight is None else grad_weight.addmm_(*product)
             if need_bias:
                 grad_bias += grad.float().sum(0)
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None

@@ -116,7 +116,7 @@ class GRPOConfig(TrainingArguments):
         inverse_cdf_sampling (`bool`, *optional*, defaults to `True`):
             CPU `generate`: each token drawn with one uniform number per row against the float64 cumulative
             probabilities instead of `torch.multinomial`'s exponential number per vocabulary entry: the same
-            distribution, other tokens than TRL's for a seed. See "Faster CPU decoding and length-grouped scoring".
+            distribution, other tokens than TRL's for a seed. See "Faster CPU decoding and packed scoring".
         shared_prefix_scoring (`bool`, *optional*, defaults to `True`):
             Compute each distinct prompt once in the log-prob passes (reference, old policy when the batch is reused,
             and the training forward and backward): the prompt's keys and values are shared by the rows that repeat
@@ -125,9 +125,9 @@ class GRPOConfig(TrainingArguments):
             plain (prompts under 17 tokens, ZeRO-3/FSDP2 parameters, PEFT prompt learning, sliding-window caches,
             the MoE router loss's pass; with gradients, active dropout and reentrant checkpointing); see
             "Shared-prefix scoring" in the docs.
-        length_grouped_scoring (`bool`, *optional*, defaults to `True`):
-            With `shared_prefix_scoring`, score the completions in groups of similar length, each only as wide as its
-            longest, where that saves more positions than a pass costs; same log-probs and gradients to float rounding.
+        packed_completion_scoring (`bool`, *optional*, defaults to `True`):
+            With `shared_prefix_scoring`, score the completions laid end to end in rows, each seeing only its prompt
+            and itself, instead of padded to the longest; same log-probs and gradients to float rounding.
         sparse_embedding_grad (`bool`, *optional*, defaults to `True`):
             In the training forward, let an input embedding tied to the LM head (SmolLM2, Qwen2.5-0.5B, Gemma, ...)
             produce only its looked-up rows' gradient, added in place into the LM head's (with `chunked_logprobs`)
@@ -415,8 +415,8 @@ class GRPOConfig(TrainingArguments):
         default=True,
         metadata={"help": "Compute each distinct prompt once in the log-prob passes (training included)."},
     )
-    length_grouped_scoring: bool = field(
-        default=True, metadata={"help": "Score completions in groups of similar length (shared-prefix passes)."}
+    packed_completion_scoring: bool = field(
+        default=True, metadata={"help": "Score completions packed end to end, not padded (shared-prefix passes)."}
     )
     sparse_embedding_grad: bool = field(
         default=True,

@@ -168,7 +168,10 @@ def sample_completions(
         # kernels and tokens); sharded parameters (and FSDP2 modules) keep `no_grad`, as their gather/reshard hooks
         # write tensors that must stay usable outside inference mode
         with torch.no_grad() if sharded else torch.inference_mode():
-            cache = shared_prefix_cache(model, prompt_ids, prompt_mask) if share else None
+            # the cache has room for every position `generate` adds: the last prompt token, then all but the last
+            # new token (written in place, not concatenated at each step)
+            room = generation_config.max_new_tokens or 0
+            cache = shared_prefix_cache(model, prompt_ids, prompt_mask, room=room) if share else None
             kwargs = {} if cache is None else {"cache": cache}
             packed = packed_weights and not sharded
             with (

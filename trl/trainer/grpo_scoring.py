@@ -10,19 +10,19 @@ from typing import NamedTuple
 import torch
 from accelerate.utils import extract_model_from_parallel
 from torch import nn
-from torch.nn import functional as F
 from transformers.utils import logging
 
 from .activation_recompute import recompute_activations_applies, recomputed_activations
-from .chunked_logprobs import DEFAULT_BLOCK_BYTES, head_logprobs
+from .chunked_logprobs import head_logprobs
 from .grpo_losses import selective_log_softmax
 from .layouts import PLAIN, tensor_layout
 from .prefix_sharing import (
     cache_kept_under_checkpointing,
     checkpointed_modules,
-    inner_pass_model,
-    length_buckets,
     length_scaled_ropes,
+    pack_completions,
+    packed_attention_mask,
+    packing_blocker,
     position_ids_from_mask,
     prefix_for_rows,
     prefix_was_read,
@@ -131,7 +131,7 @@ def score_completions(
     chunked_logprobs: bool = False,
     grouped_kv_attention: bool = False,
     recompute_elementwise_activations: bool = False,
-    length_grouped: bool = False,
+    packed: bool = False,
 ) -> Scores:
     """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
     logits divided by `temperature`, so they describe the distribution the completions were sampled from.
@@ -177,11 +177,11 @@ def score_completions(
             backward (`activation_recompute.recomputed_activations`; gradients to float rounding); not under gradient
             checkpointing.
 
-        length_grouped: with `share_prefix`, run the completions on the shared prompt in groups of rows of similar
-            length, each only as wide as its longest completion (`prefix_sharing.length_buckets`; rows with nothing
-            to score are skipped), instead of every row as wide as the longest of all; the same log-probs and
-            gradients up to float rounding (smaller batches). Not under an FSDP(1) or static-graph DDP wrapper
-            (`length_grouping_blocker`).
+        packed: with `share_prefix`, score the completions on the shared prompt in rows packed end to end
+            (`prefix_sharing.pack_completions`: each completion's positions see its prompt and its own earlier
+            positions only) instead of every row as wide as the longest completion: no padded position but the
+            rows' slack, one forward all the same; the same log-probs and gradients up to float rounding. Passes of
+            a model that `prefix_sharing.packing_blocker` names a reason for run padded (logged once).
 
     Returns:
         `Scores`.
@@ -217,10 +217,15 @@ def score_completions(
     lean = recomputed_activations() if recompute and recompute_activations_applies(model) else nullcontext()
     head = extract_model_from_parallel(model).get_output_embeddings() if chunked_logprobs else None
 
-    def scored(outputs, targets: torch.Tensor, keep_block: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`(log-probs, entropies or None)` of `targets` `(rows, W)` from a pass that kept W + 1 positions."""
+    def scored(outputs, targets: torch.Tensor, source=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(log-probs, entropies or None)` of `targets` `(rows, W)` from a pass that kept W + 1 positions, or with
+        `source` `(M,)`, of `targets` `(1, M)` predicted by those flat positions of a packed pass."""
+
+        def kept(x: torch.Tensor) -> torch.Tensor:  # (rows, W, D) or (1, M, D): the positions that predict targets
+            return x[:, :-1, :] if source is None else x.reshape(-1, x.size(-1)).index_select(0, source)[None]
+
         if not chunked_logprobs:
-            logits = outputs.logits[:, :-1, :]
+            logits = kept(outputs.logits)
             if temperature != 1.0:  # x / 1.0 == x: no (N, L, V) copy for nothing
                 logits = logits / temperature
             out = selective_log_softmax(logits, targets, 2**28, compute_entropy, entropy_grad)
@@ -232,7 +237,7 @@ def score_completions(
         hidden, head_dtype = captured[-1]  # the pass's last head call (a prompt pass may have made one too)
         captured.clear()
         logp, entropy = head_logprobs(
-            hidden[:, :-1, :],
+            kept(hidden),
             head.weight,
             head.bias,
             targets,
@@ -240,15 +245,14 @@ def score_completions(
             compute_entropy,
             head_dtype,
             grad_sink=sink[0],
-            keep_block=keep_block,
+            keep_block=one_forward,
         )
         return logp, (entropy if entropy_grad else entropy.detach()) if compute_entropy else None
 
     one_forward = batch_size >= input_ids.size(0)  # one forward (a kept head block) before the backward
-    block_positions = DEFAULT_BLOCK_BYTES // (4 * head.weight.size(0)) if chunked_logprobs else 0
-    by_length = length_grouped and share and (blocker := length_grouping_blocker(model)) is None
-    if length_grouped and share and blocker is not None:
-        _log_blocker(blocker, "length_grouped_scoring")
+    if packed and share and (blocker := packing_blocker(model)) is not None:
+        packed = False
+        _log_blocker(blocker, "packed_completion_scoring")
     with (
         cache_kept_under_checkpointing(model) if share else nullcontext(),
         tied as embedding,
@@ -285,35 +289,39 @@ def score_completions(
                     use_cache=False,
                     **extra,
                 )
-                logp, entropy = scored(outputs, ids[:, -logits_to_keep:], one_forward)
+                logp, entropy = scored(outputs, ids[:, -logits_to_keep:])
                 if compute_aux_loss:
                     aux_losses.append(outputs.aux_loss)
             else:  # the last prompt token (it predicts the first completion token) and the completion, on the prompt
-                groups = completion_groups(mask[:, prompt_length:]) if by_length else None
-                # kept head blocks (one per group) until the backward: only while together they fit in one
-                keep = one_forward and (groups is None or sum(len(r) * w for r, w in groups) <= block_positions)
-                parts = []
-                for index, (rows, width) in enumerate(groups or [(None, logits_to_keep)]):  # None: every row
-                    take = slice(None) if rows is None else rows
-                    end = prompt_length + width
-                    rows_cache = cache if rows is None else prefix_for_rows(model, cache, rows)
-                    # one pass through a DDP/DeepSpeed wrapper per pass on every rank, whatever its groups
-                    runner, context = (model, nullcontext()) if index == 0 else inner_pass_model(model)
-                    with context:
-                        outputs = runner(
-                            input_ids=ids[take, prompt_length - 1 : end],
-                            attention_mask=mask[take, :end],
-                            position_ids=position_ids[take, prompt_length - 1 : end],
-                            cache=rows_cache,
-                            logits_to_keep=width + 1,
-                            **no_router_logits,
-                        )
+                plan = None
+                if packed:
+                    plan = pack_completions(
+                        ids, mask, prompt_length, cache.layers[0].inverse, text_config(model).hidden_size
+                    )
+                rows_cache = cache if plan is None else prefix_for_rows(model, cache, plan.rows)
+                ignored = f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
+                try:
+                    outputs = model(
+                        input_ids=ids[:, prompt_length - 1 :] if plan is None else plan.input_ids,
+                        attention_mask=mask if plan is None else packed_attention_mask(model, plan.attention_mask),
+                        position_ids=position_ids[:, prompt_length - 1 :] if plan is None else plan.position_ids,
+                        cache=rows_cache,
+                        logits_to_keep=logits_to_keep + 1 if plan is None else 0,
+                        **no_router_logits,
+                    )
+                except RuntimeError as error:  # the packed mask covers the cache: without it, shapes disagree
                     if not prefix_was_read(rows_cache):
-                        raise RuntimeError(
-                            f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
-                        )
-                    parts.append((rows, scored(outputs, ids[take, prompt_length:end], keep)))
-                logp, entropy = parts[0][1] if groups is None else rows_in_place(parts, ids.size(0), logits_to_keep)
+                        raise RuntimeError(ignored) from error
+                    raise
+                if not prefix_was_read(rows_cache):
+                    raise RuntimeError(ignored)
+                if plan is None:
+                    logp, entropy = scored(outputs, ids[:, prompt_length:])
+                else:  # each predicted token's values at its place in the (rows, L) result; 0 elsewhere
+                    logp, entropy = (
+                        None if v is None else unpacked(v[0], plan.dest, ids.size(0), logits_to_keep)
+                        for v in scored(outputs, plan.targets[None], plan.source)
+                    )
             # every path reads 0 where the attention mask leaves a completion position out (a grouped pass does not
             # compute some of them): an old and a new pass of the same row then agree there
             left_out = ~mask[:, prompt_length:].bool()
@@ -329,43 +337,10 @@ def score_completions(
     )
 
 
-def length_grouping_blocker(model: nn.Module) -> str | None:
-    """Why the completions cannot run in several length groups under `model`'s wrapper, or `None`: an FSDP(1)
-    wrapper, whose every forward gathers the weights (the ranks' counts must match), and DDP with `static_graph=True`,
-    which expects the same graph every iteration. The groups after the first run on the model inside a DDP or
-    DeepSpeed wrapper (`prefix_sharing.inner_pass_model`), so every rank makes one wrapped forward per pass."""
-    if type(model).__name__ == "FullyShardedDataParallel":
-        return "an FSDP wrapper"
-    if getattr(model, "static_graph", False):
-        return "DDP with static_graph=True"
-    return None
-
-
-def completion_groups(completion_mask: torch.Tensor) -> list[tuple[torch.Tensor, int]] | None:
-    """`prefix_sharing.length_buckets` of the rows of an `(N, L)` completion attention mask, or `None` where one pass
-    over every row at full width is what it comes to (a single group of all rows at width L, or no row with a token),
-    or where a row attends to a position after a masked one (the mask is not each completion's first tokens)."""
-    valid = completion_mask.bool()
-    if bool((valid[:, 1:] & ~valid[:, :-1]).any()):
-        return None
-    groups = length_buckets(valid.sum(1))
-    if not groups or (len(groups) == 1 and groups[0][0].numel() == valid.size(0) and groups[0][1] == valid.size(1)):
-        return None
-    return groups
-
-
-def rows_in_place(parts: list, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The `(rows, width)` log-probs (and entropies, or `None`) of the groups of `completion_groups`, from `parts`
-    `[(row indices (k,), (log-probs (k, w), entropies (k, w) or None))]`: each group's values at its rows, zero-padded
-    from w to `width`, 0 for the rows of no group (differentiable: `index_copy` of the padded values)."""
-    indices = torch.cat([group_rows for group_rows, _ in parts])
-
-    def placed(values: list[torch.Tensor]) -> torch.Tensor:
-        padded = torch.cat([F.pad(v, (0, width - v.size(1))) for v in values])
-        return padded.new_zeros(rows, width).index_copy(0, indices, padded)
-
-    logps = placed([logp for _, (logp, _) in parts])
-    return logps, None if parts[0][1][1] is None else placed([entropy for _, (_, entropy) in parts])
+def unpacked(values: torch.Tensor, dest: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """The `(rows, width)` tensor with `values` `(M,)` at the flat indices `dest` `(M,)` and 0 elsewhere
+    (differentiable: `index_copy`, whose backward reads the gradient at `dest`)."""
+    return values.new_zeros(rows * width).index_copy(0, dest, values).view(rows, width)
 
 
 def tied_input_embedding(model: nn.Module) -> nn.Embedding | None:

@@ -682,7 +682,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             chunked_logprobs=self.args.chunked_logprobs,
             grouped_kv_attention=self.args.grouped_kv_attention,
             recompute_elementwise_activations=self.args.recompute_elementwise_activations,
-            length_grouped=self.args.length_grouped_scoring,
+            packed=self.args.packed_completion_scoring,
         )
         return scores.per_token_logps, scores.entropies, scores.aux_loss
 

@@ -6,6 +6,7 @@ the completions of every row on top of them, gradients included."""
 
 import functools
 from contextlib import contextmanager, nullcontext
+from typing import NamedTuple
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -66,6 +67,38 @@ class _WriteOnceLayer(DynamicLayer):
         return key_states, value_states
 
 
+class _PreallocatedLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys/values are views of buffers with room for `room` more positions: `update` writes
+    the new positions in place instead of concatenating (which copies the whole cache at every decode step). Once the
+    room is used up, or after anything replaced the views (`crop`, `batch_select_indices`, ...), it concatenates as
+    `DynamicLayer` does."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        n = keys.size(-2)
+        self.buffers = [x.new_empty((*x.shape[:-2], n + room, x.size(-1))) for x in (keys, values)]
+        for buffer, x in zip(self.buffers, (keys, values)):
+            buffer[..., :n, :] = x
+        self.keys, self.values = self.views = tuple(buffer[..., :n, :] for buffer in self.buffers)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = self.buffers
+        n, end = self.keys.size(-2), self.keys.size(-2) + key_states.size(-2)
+        in_place = (
+            self.keys is self.views[0]
+            and self.values is self.views[1]
+            and end <= keys.size(-2)
+            and key_states.shape[:-2] == keys.shape[:-2]
+        )
+        if not in_place:
+            return super().update(key_states, value_states, *args, **kwargs)
+        keys[..., n:end, :] = key_states
+        values[..., n:end, :] = value_states
+        self.keys, self.values = self.views = keys[..., :end, :], values[..., :end, :]
+        return self.keys, self.values
+
+
 class _PrefixLayer(DynamicLayer):
     """A read-only prefix: `update` returns prefix + new states without storing them, so a forward (and its replay
     under gradient checkpointing) attends to the prefix and leaves the cache as it was. It holds the U distinct
@@ -87,8 +120,8 @@ class _PrefixLayer(DynamicLayer):
 
 
 def inner_pass_model(model: nn.Module) -> tuple[nn.Module, object]:
-    """The module that runs a pass a rank may make and another may not (the prompt pass of `shared_prefix_cache`, the
-    length groups after the first of `grpo_scoring.score_completions`), and the context to run it in.
+    """The module that runs a pass a rank may make and another may not (the prompt pass of `shared_prefix_cache`), and
+    the context to run it in.
 
     Under DDP and a DeepSpeed (ZeRO-0/1/2) engine: the model inside the wrapper (`extract_model_from_parallel`, which
     keeps PEFT and accelerate's mixed-precision forward, `keep_fp32_wrapper=True`), in the engine's `torch_autocast`
@@ -122,7 +155,11 @@ def text_config(model: nn.Module):
 
 
 def shared_prefix_cache(
-    model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, read_only: bool = False
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    read_only: bool = False,
+    room: int = 0,
 ) -> DynamicCache | None:
     """The KV cache of every prompt row but its last token, computed once per distinct prompt.
 
@@ -136,6 +173,10 @@ def shared_prefix_cache(
             layers return prefix + new keys/values without storing them, so one forward over the completions attends
             to the prompt, and gradient checkpointing can replay it; `None` for models whose cache has layers other
             than plain full-attention ones (sliding windows, linear attention).
+        room: generation only: the positions `generate` will add (the last prompt token and all new tokens but the
+            last, i.e. `max_new_tokens`); each full-attention layer then writes them in place into buffers of that
+            size instead of concatenating its whole cache at every step (the same keys and values). 0: grown by
+            concatenation, as `DynamicCache` does.
 
     Returns:
         A `DynamicCache` of length P - 1 for the N rows (`read_only`: it keeps the U distinct prompts and expands
@@ -174,43 +215,155 @@ def shared_prefix_cache(
         prefix.layers = [_PrefixLayer(layer.keys, layer.values, inverse) for layer in cache.layers]
         return prefix
     cache.batch_select_indices(inverse)
+    if room > 0:  # full-attention layers: the N rows' keys/values in buffers with `room` more positions
+        cache.layers = [
+            _PreallocatedLayer(x.keys, x.values, room) if type(x) is DynamicLayer and x.is_initialized else x
+            for x in cache.layers
+        ]
     return cache
 
 
-# The fixed cost of one more pass over a group of rows, in token positions: each pass streams every weight again (and,
-# with gradients, writes a weight-sized gradient per parameter and adds it to the others). SmolLM2-135M, one thread,
-# 16 rows: 3 groups saving 28 of 272 positions made the forward and backward 13 % slower, i.e. ~50 positions a group
-# (~0.27 s, against ~5 ms per position); at 64 and 128 tokens of mixed lengths this value's groups saved 25-28 %.
-BUCKET_OVERHEAD_POSITIONS = 48
+# Packed rows are tried from the longest completion's width up to this many times it, in steps of 1/PACKED_WIDTH_STEPS
+# of it (see `pack_completions`).
+MAX_PACKED_WIDTH_FACTOR = 4
+PACKED_WIDTH_STEPS = 4
+# Attention models whose causal mask transformers builds with `masking_utils.create_causal_mask`, which hands a 4-D
+# mask to the attention as it is, and whose positions come from `position_ids` only (RoPE): a packed pass is exact
+# for them (tests/test_prefix_sharing.py checks each against the padded pass).
+PACKABLE_MODEL_TYPES = ("gemma", "llama", "mistral", "olmo2", "phi3", "qwen2", "qwen3")
+# The 4-D mask each attention implementation reads: bool (True: attend) or additive float (0, or the dtype's lowest).
+_MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 
 
-def length_buckets(lengths: torch.Tensor, overhead: int | None = None) -> list[tuple[torch.Tensor, int]]:
-    """Rows grouped by completion length, so that a pass over a group covers its longest completion only, not the
-    batch's: each group costs its rows × (width + 1) positions (the last prompt token, then the completion) plus
-    `overhead`, and the grouping minimises the sum (rows sorted by length, split where it pays; exact, O(N²)).
+class PackedCompletions(NamedTuple):
+    """The scored positions of a batch's completions laid end to end in rows (see `pack_completions`).
+
+    `input_ids`, `position_ids`: `(R, W)` int64. `attention_mask`: `(R, 1, W, K + W)` bool, True where a position
+    attends (first the K cached prompt positions, then the row's own). `rows`: `(R,)` int64, a batch row whose prompt
+    each packed row continues. `source`: `(M,)` int64, the flat indices (into R·W) of the M positions that predict a
+    completion token; `targets`: `(M,)` int64, those tokens; `dest`: `(M,)` int64, their flat indices into the
+    `(N, L)` result."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    rows: torch.Tensor
+    source: torch.Tensor
+    targets: torch.Tensor
+    dest: torch.Tensor
+
+
+def _first_fit(lengths: list[int], prompts: list[int], capacity: int) -> list[list[tuple[int, int]]]:
+    """Rows (indices into `lengths`; rows of length 0 left out) placed in bins of `capacity` positions, longest
+    first, each into the first bin of its own prompt with room: `[[(row, offset)]]` per bin."""
+    bins: list[list[tuple[int, int]]] = []
+    open_bins: dict[int, list[int]] = {}  # prompt -> its bins' indices
+    fill: list[int] = []
+    for row in sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (-lengths[i], i)):
+        mine = open_bins.setdefault(prompts[row], [])
+        b = next((b for b in mine if fill[b] + lengths[row] <= capacity), None)
+        if b is None:
+            b = len(bins)
+            bins.append([])
+            fill.append(0)
+            mine.append(b)
+        bins[b].append((row, fill[b]))
+        fill[b] += lengths[row]
+    return bins
+
+
+def pack_completions(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    inverse: torch.Tensor,
+    pairs_per_position: float | None = None,
+) -> PackedCompletions | None:
+    """Lay the scored positions of each completion (its last prompt token, then every completion token but the last;
+    each predicts the next) end to end in rows, completions of the same prompt sharing a row, under a mask that lets
+    each position see the attended tokens of its prompt (in a cache of K = `prompt_length` - 1 positions) and its own
+    completion's earlier positions only: one pass over them scores the whole batch with no padded position but the
+    rows' slack, and nothing of one completion reaches another. Its results are the padded pass's up to float
+    rounding (other matrix shapes).
+
+    The rows are filled first fit, longest completion first, up to a width of 1, 1.25, 1.5, ...
+    `MAX_PACKED_WIDTH_FACTOR` times the longest completion, and the filling with the lowest estimated cost is kept: rows × width positions, plus
+    the attention's rows × width × (K + width) pairs of positions at `1 / pairs_per_position` position each (wider
+    rows leave less slack but attend over more positions; `None`: the longest completion's width only).
 
     Args:
-        lengths: `(N,)` integer completion lengths (the attended completion tokens of each row).
-        overhead: the cost of a group in positions; `None` reads `BUCKET_OVERHEAD_POSITIONS` at call time.
+        input_ids, attention_mask: `(N, P + L)` left-padded prompt + completion, `P = prompt_length`.
+        prompt_length: P.
+        inverse: `(N,)` int64, each row's distinct prompt (`unique_prompt_rows`): rows of one prompt share the cache.
+        pairs_per_position: how many attended (query, key) pairs cost as much as one position of the linear layers.
 
     Returns:
-        `[(rows, width)]`: `rows` `(k,)` int64 row indices (ascending), `width` their longest length; rows of length 0
-        are in no group (nothing to score).
+        `PackedCompletions`, or `None` when no row has a completion token or a row's completion mask is not its
+        first tokens (an attended position after a masked one).
     """
-    overhead = BUCKET_OVERHEAD_POSITIONS if overhead is None else overhead
-    order = sorted((int(n), i) for i, n in enumerate(lengths.tolist()) if n > 0)
-    best, cut = [0.0], [0]  # best[j]: the cheapest grouping of the j shortest rows; its last group starts at cut[j]
-    for j in range(1, len(order) + 1):
-        width = order[j - 1][0]
-        costs = [best[i] + (j - i) * (width + 1) + overhead for i in range(j)]
-        cut.append(min(range(j), key=costs.__getitem__))
-        best.append(costs[cut[-1]])
-    groups, j = [], len(order)
-    while j > 0:
-        rows = sorted(i for _, i in order[cut[j] : j])
-        groups.append((torch.tensor(rows, dtype=torch.long, device=lengths.device), order[j - 1][0]))
-        j = cut[j]
-    return groups[::-1]
+    completion = attention_mask[:, prompt_length:].bool()
+    if bool((completion[:, 1:] & ~completion[:, :-1]).any()) or not bool(completion.any()):
+        return None
+    lengths, prompts = completion.sum(1).tolist(), inverse.tolist()
+    longest, cached = max(lengths), prompt_length - 1
+    best = None
+    step = -(-longest // PACKED_WIDTH_STEPS)
+    widest = longest * MAX_PACKED_WIDTH_FACTOR if pairs_per_position else longest
+    for capacity in range(longest, widest + 1, step):
+        bins = _first_fit(lengths, prompts, capacity)
+        width = max(offset + lengths[row] for segments in bins for row, offset in segments)
+        cost = len(bins) * width * (1 + (cached + width) / pairs_per_position if pairs_per_position else 1)
+        if best is None or cost < best[0]:
+            best = (cost, bins, width)
+        if len(bins) == len(set(prompts)):  # one row per prompt: wider rows change nothing
+            break
+    _, bins, width = best
+    n, length = completion.shape
+    device = input_ids.device
+    starts = (attention_mask[:, :prompt_length].long().sum(1) - 1).tolist()  # the last prompt token's position
+    ids = input_ids.new_zeros(len(bins), width)
+    positions = torch.zeros(len(bins), width, dtype=torch.long, device=device)
+    segment = torch.full((len(bins), width), -1, dtype=torch.long, device=device)  # the batch row at each position
+    source, dest = [], []
+    for r, segments in enumerate(bins):
+        for row, offset in segments:
+            count = lengths[row]
+            ids[r, offset : offset + count] = input_ids[row, cached : cached + count]
+            positions[r, offset : offset + count] = torch.arange(starts[row], starts[row] + count, device=device)
+            segment[r, offset : offset + count] = row
+            source.append(torch.arange(r * width + offset, r * width + offset + count, device=device))
+            dest.append(torch.arange(row * length, row * length + count, device=device))
+    source, dest = torch.cat(source), torch.cat(dest)
+    targets = input_ids[:, prompt_length:].reshape(-1).index_select(0, dest)
+    rows = torch.tensor([segments[0][0] for segments in bins], dtype=torch.long, device=device)
+    valid = segment >= 0
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    own = (segment[:, :, None] == segment[:, None, :]) & causal & valid[:, :, None]
+    own |= torch.eye(width, dtype=torch.bool, device=device) & ~valid[:, :, None]  # slack sees itself only
+    prompt = attention_mask[rows, :cached].bool()[:, None, :] & valid[:, :, None]
+    mask = torch.cat([prompt, own], dim=2)[:, None]
+    return PackedCompletions(ids, positions, mask, rows, source, targets, dest)
+
+
+def packing_blocker(model: nn.Module) -> str | None:
+    """Why a pass of `model` cannot run on `pack_completions` rows (whose mask is 4-D), or `None`: a model type not
+    in `PACKABLE_MODEL_TYPES`, or an attention implementation other than SDPA and eager (flash attention and flex
+    attention take no such mask)."""
+    config = text_config(model)
+    if getattr(config, "model_type", None) not in PACKABLE_MODEL_TYPES:
+        return f"model type {getattr(config, 'model_type', None)!r}, whose handling of a 4-D mask is not tested"
+    if getattr(config, "_attn_implementation", None) not in _MASK_KINDS:
+        return f"attention implementation {getattr(config, '_attn_implementation', None)!r}"
+    return None
+
+
+def packed_attention_mask(model: nn.Module, mask: torch.Tensor) -> torch.Tensor:
+    """`PackedCompletions.attention_mask` in the form `model`'s attention implementation reads (see `_MASK_KINDS`):
+    as it is for SDPA, additive in the model's dtype for eager attention."""
+    if _MASK_KINDS[text_config(model)._attn_implementation] == "bool":
+        return mask
+    dtype = extract_model_from_parallel(model).dtype
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 def prefix_for_rows(model: nn.Module, cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
