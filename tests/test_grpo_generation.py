@@ -142,7 +142,14 @@ def test_first_token_frequencies_match_the_sampling_distribution(lm, sampling, i
 @pytest.mark.parametrize(
     "sampling", [dict(temperature=0.7, top_k=10), dict(top_p=0.8, min_p=0.05, repetition_penalty=1.5)]
 )
-def test_shared_prefix_draws_the_same_tokens_as_generate_with_several_eos_ids(lm, sampling):
+def test_shared_prefix_draws_the_same_tokens_as_generate_with_several_eos_ids(lm, sampling, monkeypatch):
+    import trl.trainer.grpo_generation as module
+    from trl.trainer.prefix_sharing import _PreallocatedLayer
+
+    caches, make_cache = [], module.shared_prefix_cache
+    monkeypatch.setattr(
+        module, "shared_prefix_cache", lambda *a, **k: caches.append(make_cache(*a, **k)) or caches[-1]
+    )
     model, tokenizer = lm
     ids, mask = _prompts(tokenizer, ["1+2=", "13+4+5=", "7"], repeats=8)
     config = _config(tokenizer, 8, **sampling)
@@ -156,6 +163,12 @@ def test_shared_prefix_draws_the_same_tokens_as_generate_with_several_eos_ids(lm
             outputs[implementation] = sample_completions(model, ids, mask, config, implementation)
     assert torch.equal(outputs["generate"], outputs["shared_prefix"])  # same draws: the same tokens
     completions = outputs["shared_prefix"]
+    # ... from a cache whose every step was written in place into buffers with room for 8 positions
+    (cache,) = caches
+    for layer in cache.layers:
+        assert type(layer) is _PreallocatedLayer and layer.buffers[0].size(-2) == ids.size(1) - 1 + 8
+        assert layer.keys.data_ptr() == layer.buffers[0].data_ptr()
+        assert layer.get_seq_length() == ids.size(1) - 1 + completions.size(1)
     is_eos = torch.isin(completions, torch.tensor(config.eos_token_id))
     ended = is_eos.any(1)
     assert ended.any() and completions.size(1) <= 8
@@ -177,7 +190,9 @@ def test_shared_prefix_falls_back_to_generate_without_a_cache(lm, monkeypatch):
         torch.manual_seed(3)
         outputs[implementation] = sample_completions(model, ids, mask, config, implementation)
     assert torch.equal(outputs["generate"], outputs["shared_prefix"])
-    monkeypatch.setattr(module, "shared_prefix_cache", lambda *args: pytest.fail("prefilled without a cache"))
+    monkeypatch.setattr(
+        module, "shared_prefix_cache", lambda *args, **kwargs: pytest.fail("prefilled without a cache")
+    )
     sample_completions(model, ids, mask, config, "shared_prefix")
 
 

@@ -401,6 +401,26 @@ def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, c
     assert rope_sharing_blocker(model, 5, 20) == (reason if rope_type in LENGTH_SCALED else None)
 
 
+def test_packed_rows_that_leave_out_the_longest_prompt_keep_longrope_exact():
+    """Packed rows leave out rows with no completion token (e.g. truncated ones under `mask_truncated_completions`):
+    here every row of the 11-token prompt. The prompt pass then reaches 10 positions (above `longrope`'s limit of 8,
+    long factors) and the packed rows only 5 (short factors), where one plain forward reaches 14 (long): the pass
+    runs padded instead, as exact as the plain one."""
+    model = _rope_llama("longrope")
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(1, 64, (2, 11), generator=g).repeat_interleave(2, 0)
+    ids = torch.cat([prompts, torch.randint(1, 64, (4, 3), generator=g)], 1)
+    mask = torch.ones_like(ids)
+    mask[2:, :8] = 0  # the second prompt: 3 tokens, left-padded
+    mask[:2, 11:] = 0  # the first prompt's rows: no completion token
+    shapes = _record_forward_shapes(model)
+    with torch.no_grad():
+        plain = score_completions(model, ids, mask, 3, 1.0).per_token_logps
+        packed = score_completions(model, ids, mask, 3, 1.0, share_prefix=True, packed=True).per_token_logps
+    assert shapes[1:] == [(2, 10), (4, 4)]  # shared, padded
+    assert (packed - plain).abs().max() <= 1e-5
+
+
 def test_split_lengths_counts_the_attended_tokens_of_the_longest_row():
     """The positions the prompt pass (the first P - 1 columns) and the whole forward reach: `max(position_ids) + 1`
     as scoring numbers them, so scoring and generation decide the RoPE check on the same numbers."""

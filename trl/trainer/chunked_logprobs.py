@@ -164,6 +164,8 @@ class _HeadLogProbs(torch.autograd.Function):
                 grad_weight = torch.mm(*product) if grad_weight is None else grad_weight.addmm_(*product)
             if need_bias:
                 grad_bias += grad.float().sum(0)
+        if need_weight and grad_weight is None:  # no position: no block ran
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32)
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
         if ctx.sink is not None:  # the tied embedding's rows are added to it before autograd gets the sum

@@ -119,7 +119,8 @@ def sample_completions(
     sharded parameters); TRL 1.16 samples in the policy's train mode (docs: "Differences from TRL").
     `"generate"` calls `generate` on the batch as it is.
     `"shared_prefix"` first runs the model once over the distinct prompts without their last token, copies that KV
-    cache to every row that repeats the prompt, and lets `generate` continue from it: the prompt is prefilled U times
+    cache to every row that repeats the prompt (on the CPU into buffers with room for every new position, which the
+    decode steps write in place), and lets `generate` continue from it: the prompt is prefilled U times
     instead of N, and everything that decides which tokens are drawn (logits processors, the random draws unless
     `inverse_cdf`, EOS handling, padding, stopping) is `generate`'s own. Completions follow the same distribution; the prefix
     keys/values come from a smaller batch, so they can differ from the unshared ones in the last float bits. It falls
@@ -168,9 +169,10 @@ def sample_completions(
         # kernels and tokens); sharded parameters (and FSDP2 modules) keep `no_grad`, as their gather/reshard hooks
         # write tensors that must stay usable outside inference mode
         with torch.no_grad() if sharded else torch.inference_mode():
-            # the cache has room for every position `generate` adds: the last prompt token, then all but the last
-            # new token (written in place, not concatenated at each step)
-            room = generation_config.max_new_tokens or 0
+            # on the CPU the cache has room for every position `generate` adds: the last prompt token, then all but
+            # the last new token (written in place, not concatenated at each step); an accelerator's allocator would
+            # reserve all of it at once, also for completions that stop early
+            room = (generation_config.max_new_tokens or 0) if prompt_ids.device.type == "cpu" else 0
             cache = shared_prefix_cache(model, prompt_ids, prompt_mask, room=room) if share else None
             kwargs = {} if cache is None else {"cache": cache}
             packed = packed_weights and not sharded

@@ -298,6 +298,10 @@ def score_completions(
                     plan = pack_completions(
                         ids, mask, prompt_length, cache.layers[0].inverse, text_config(model).hidden_size
                     )
+                if plan is not None and length_scaled:  # packed rows leave out empty completions: the positions
+                    reach = int(plan.position_ids.max()) + 1  # they reach can fall on the prompt pass's other side
+                    if rope_sharing_blocker(model, split_lengths(mask, prompt_length)[0], reach) is not None:
+                        plan = None
                 rows_cache = cache if plan is None else prefix_for_rows(model, cache, plan.rows)
                 ignored = f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
                 try:
@@ -322,8 +326,8 @@ def score_completions(
                         None if v is None else unpacked(v[0], plan.dest, ids.size(0), logits_to_keep)
                         for v in scored(outputs, plan.targets[None], plan.source)
                     )
-            # every path reads 0 where the attention mask leaves a completion position out (a grouped pass does not
-            # compute some of them): an old and a new pass of the same row then agree there
+            # every path reads 0 where the attention mask leaves a completion position out (a packed pass does not
+            # compute them): an old and a new pass of the same row then agree there
             left_out = ~mask[:, prompt_length:].bool()
             logp = logp.masked_fill(left_out, 0.0)
             entropy = None if entropy is None else entropy.masked_fill(left_out, 0.0)
