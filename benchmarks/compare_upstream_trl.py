@@ -65,12 +65,15 @@ its mean on the kept steps that synced. The parts are timed from outside: the wo
 instance (`_calculate_rewards`, the per-token log-prob method, `_prepare_inputs`, `training_step`, the sync callback's
 `on_step_end`) and transformers' `generate`, and never edits either package. On a machine shared with other work,
 wall times of this small model's many small ops swing by several × between runs; compare CPU times there (with one
-torch thread: with more, threads that wait for a descheduled peer burn CPU time too).
+torch thread: with more, threads that wait for a descheduled peer burn CPU time too). A line under the table gives a
+machine probe from before and after the runs (single-thread fp32 GEMM rate and memory read rate): on a virtual
+machine the same code can run ~30 % slower within the hour, and the two implementations are not slowed alike (one
+spends its time in matrix products, the other also in allocating and filling large logit tensors).
 
 Settings that cannot be made identical (the implementations differ, not the config):
 - upstream always computes per-token entropies in the loss forward (for its logged metrics) and scores tokens with
-  transformers' `fused_lm_head=True` forward; ours computes the full logits of the completion positions and a
-  selective log-softmax. That is part of what is being compared.
+  transformers' `fused_lm_head=True` forward; ours computes the log-probs block-wise from the LM head's input at the
+  scored positions only (`chunked_logprobs`, `packed_completion_scoring`). That is part of what is being compared.
 - upstream's reference sync is a per-parameter `mul_/add_` loop; ours is `mix_tensors_` (also part of the comparison).
 - ours' defaults `generation_implementation="shared_prefix"` and `shared_prefix_scoring=True` prefill, score and
   backpropagate each distinct prompt once per group; upstream repeats it on every row. Also compared as they are;
@@ -613,6 +616,27 @@ def _load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def _probe() -> str:
+    """This process's single-thread fp32 matrix-multiply rate and memory read rate right now (~0.5 s): the same code
+    runs slower or faster as the machine's host is busy, so a ratio is quoted with the window it was measured in."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a, b, big = torch.randn(1024, 1024), torch.randn(1024, 1024), torch.randn(2**26)
+    a @ b  # warm-up
+    start = time.perf_counter()
+    for _ in range(8):
+        a @ b
+    gemm = 8 * 2 * 1024**3 / (time.perf_counter() - start) / 1e9
+    start = time.perf_counter()
+    for _ in range(3):
+        big.sum()
+    read = 3 * big.numel() * 4 / (time.perf_counter() - start) / 1e9
+    torch.set_num_threads(threads)
+    return f"{gemm:.0f} GFLOP/s GEMM, {read:.1f} GB/s read (1 thread)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -706,7 +730,7 @@ def main() -> None:
     ]
     results = {(impl, c, label): [] for impl in impls for c, label, _ in cases}
     meta = {}
-    load_before = _load()
+    load_before, probe_before = _load(), _probe()
     for rep in range(args.repeats):
         for c, label, train in cases:
             order = impls if rep % 2 == 0 else impls[::-1]
@@ -747,6 +771,7 @@ def main() -> None:
     if args.ours_kwargs != "{}":
         print(f"- ours also got {args.ours_kwargs}")
     print(f"- load average (1/5/15 min) before: {load_before}, after: {_load()}, on {os.cpu_count()} CPUs")
+    print(f"- machine probe (`_probe`) before: {probe_before}; after: {_probe()}")
     print()
     print(
         "| case | implementation | s/step median (wall) | per-run medians | CPU s/step median | ratio ours/upstream "
