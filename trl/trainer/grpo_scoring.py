@@ -268,7 +268,8 @@ def score_completions(
             position_ids = position_ids_from_mask(mask)
             share_here = share
             if length_scaled:  # the positions the prompt pass (all but the last prompt token) and this pass reach
-                blocker = rope_sharing_blocker(model, *split_lengths(mask, prompt_length))
+                prefix_reach, reach = split_lengths(mask, prompt_length)
+                blocker = rope_sharing_blocker(model, prefix_reach, reach)
                 if blocker is not None:
                     share_here = False
                     _log_blocker(blocker)
@@ -300,7 +301,7 @@ def score_completions(
                     )
                 if plan is not None and length_scaled:  # packed rows leave out empty completions: the positions
                     reach = int(plan.position_ids.max()) + 1  # they reach can fall on the prompt pass's other side
-                    if rope_sharing_blocker(model, split_lengths(mask, prompt_length)[0], reach) is not None:
+                    if rope_sharing_blocker(model, prefix_reach, reach) is not None:
                         plan = None
                 rows_cache = cache if plan is None else prefix_for_rows(model, cache, plan.rows)
                 ignored = f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
