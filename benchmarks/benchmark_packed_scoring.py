@@ -1,16 +1,19 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Seconds for the log-prob passes of one GRPO batch with the completions padded or packed end to end
-(`packed_completion_scoring`), on SmolLM2-135M-Instruct (2 chat prompts × 8 completions, the trainer's scoring
-defaults, one thread), at several completion lengths.
+"""Seconds for the log-prob passes of one GRPO batch with the completions padded, or packed end to end
+(`packed_completion_scoring`) in either layout: on the prompts' shared cache, or inline (each row starts with its
+prompt: one pass), on SmolLM2-135M-Instruct (2 chat prompts × 8 completions, the trainer's scoring defaults, one
+thread), at several completion lengths.
 
-    python benchmarks/benchmark_packed_scoring.py                         # L = 16, 64, 128; 3 repeats
+    python benchmarks/benchmark_packed_scoring.py                         # L = 16, 32, 64, 128; 3 repeats
     python benchmarks/benchmark_packed_scoring.py --lengths 16 --repeats 5
     python benchmarks/benchmark_packed_scoring.py --smoke                 # a tiny Qwen2, L = 8, once
 
 Each completion's length is L with probability `--full_fraction` (a sampled batch often runs to the limit), else drawn
-uniformly from [L/6, L]; the batch is fixed per L (seed 0). Both paths share the prompts (`shared_prefix_scoring`) and
-alternate within each repeat; medians are printed, with the positions each pass covers (padded: every row as wide as
-the longest completion plus one; packed: the packed rows) and the largest log-prob difference between them.
+uniformly from [L/6, L]; the batch is fixed per L (seed 0). All paths share the prompts (`shared_prefix_scoring`) and
+alternate within each repeat; medians are printed, with the positions each pass covers (padded: the prompt pass,
+then every row as wide as the longest completion plus one; cache: the prompt pass, then the packed rows; inline: the
+packed rows, prompts included), the layout the trainer's default (`"auto"`, `pack_completions`' estimate) picks, and
+the largest log-prob difference from the padded pass.
 """
 
 import argparse
@@ -72,7 +75,7 @@ def batch(tokenizer, length: int, full_fraction: float, vocab_size: int):
     return ids, mask
 
 
-def timed(model, ids, mask, length, packed: bool, grad: bool) -> tuple[float, torch.Tensor]:
+def timed(model, ids, mask, length, packed: bool | str, grad: bool) -> tuple[float, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     start = time.perf_counter()
     with torch.set_grad_enabled(grad):
@@ -87,7 +90,7 @@ def main(argv=None):
     parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     parser.add_argument("--model_dir", default=None, help="smollm2: the converted folder (default: as the compare "
                         "script's); tiny: where to build it (default: a new temp dir)")  # fmt: skip
-    parser.add_argument("--lengths", default="16,64,128", help="completion lengths L")
+    parser.add_argument("--lengths", default="16,32,64,128", help="completion lengths L")
     parser.add_argument("--full_fraction", type=float, default=0.5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
@@ -100,28 +103,41 @@ def main(argv=None):
         + "/".join(f"{x:.2f}" for x in os.getloadavg())
     )
     rows = []
+    paths = (False, "cache", "inline")
     for length in (int(x) for x in args.lengths.split(",")):
         ids, mask = batch(tokenizer, length, args.full_fraction, model.config.vocab_size)
         prompt_length = ids.size(1) - length
         _, inverse = unique_prompt_rows(ids[:, :prompt_length], mask[:, :prompt_length])
-        plan = pack_completions(ids, mask, prompt_length, inverse, model.config.hidden_size)
-        times = {(packed, grad): [] for packed in (False, True) for grad in (True, False)}
+        plans = {
+            layout: pack_completions(ids, mask, prompt_length, inverse, model.config.hidden_size, layout)
+            for layout in ("cache", "inline", "auto")
+        }
+        times = {(path, grad): [] for path in paths for grad in (True, False)}
         logps = {}
         for _ in range(args.repeats):
             for key in times:
                 seconds, logps[key[0]] = timed(model, ids, mask, length, *key)
                 times[key].append(seconds)
         valid = mask[:, -length:].bool()
-        difference = float((logps[True] - logps[False])[valid].abs().max())
+        difference = max(float((logps[path] - logps[False])[valid].abs().max()) for path in paths[1:])
         median = {key: statistics.median(values) for key, values in times.items()}
+        prompt_pass = len(set(inverse.tolist())) * (prompt_length - 1)
+
+        def shape(plan):
+            return f"{plan.input_ids.numel()} ({' × '.join(map(str, plan.input_ids.shape))})"
+
         rows.append(
-            f"| {length} | {int(valid.sum())} | {ids.size(0) * (length + 1)} → {plan.input_ids.numel()} "
-            f"({tuple(plan.input_ids.shape)}) | {median[False, True]:.3f} | {median[True, True]:.3f} "
-            f"| {median[False, False]:.3f} | {median[True, False]:.3f} | {difference:.1e} |"
+            f"| {length} | {int(valid.sum())} | {prompt_pass} + {ids.size(0) * (length + 1)} "
+            f"| {prompt_pass} + {shape(plans['cache'])} | {shape(plans['inline'])} "
+            f"| {'inline' if plans['auto'].inline else 'cache'} | "
+            + " | ".join(f"{median[path, True]:.3f}" for path in paths)
+            + " | "
+            + " | ".join(f"{median[path, False]:.3f}" for path in paths)
+            + f" | {difference:.1e} |"
         )
-    print("\n| L | scored tokens | positions padded → packed | fwd+bwd padded s | fwd+bwd packed s "
-          "| no-grad padded s | no-grad packed s | max abs log-prob difference |")  # fmt: skip
-    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("\n| L | scored tokens | positions padded | cache | inline | auto picks | fwd+bwd padded s | cache s "
+          "| inline s | no-grad padded s | cache s | inline s | max abs log-prob difference |")  # fmt: skip
+    print("|---:|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
     print("load after: " + "/".join(f"{x:.2f}" for x in os.getloadavg()))
 

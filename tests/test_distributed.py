@@ -296,7 +296,8 @@ def test_shared_prefix_scoring_trains_as_plain_scoring(mode, policy_type, reques
     """2 GRPO steps on 2 processes at the default sharing threshold (24-token prompts, 16 needed), with TRL's default
     gradient checkpointing: `shared_prefix_scoring=True` really shares (reference and training passes) and gives the
     loss, entropy and gradient norm of `shared_prefix_scoring=False` to rtol 1e-5 (the loss, ~0 at step 1 where the
-    advantages cancel: also abs 1e-6), and every per-token log-prob within 1e-5."""
+    advantages cancel: also abs 1e-6), and every per-token log-prob within 1e-5 + 1e-6 of its size (the passes run
+    other matrix shapes: one pass over rows that start with their prompt, where the plain pass pads)."""
     for rank in request.getfixturevalue(f"{mode}_sharing_results"):
         plain, shared = rank["False"], rank["True"]
         assert rank["world_size"] == 2 and shared["policy_type"] == policy_type
@@ -312,8 +313,7 @@ def test_shared_prefix_scoring_trains_as_plain_scoring(mode, policy_type, reques
             assert ours["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-6)
         assert len(plain["logps"]) == len(shared["logps"]) == 4  # per step: reference, then training
         for ours, reference in zip(shared["logps"], plain["logps"]):
-            difference = (torch.tensor(ours) - torch.tensor(reference)).abs().max()
-            assert difference <= 1e-5, difference
+            torch.testing.assert_close(torch.tensor(ours), torch.tensor(reference), atol=1e-5, rtol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -82,7 +82,7 @@ def _record_forward_shapes(model):
     return shapes
 
 
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("packed", [False, "cache", "inline"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_shared_scoring_equals_one_plain_pass_values_and_gradients(model, checkpointing, packed):
     if checkpointing:
@@ -93,9 +93,11 @@ def test_shared_scoring_equals_one_plain_pass_values_and_gradients(model, checkp
     shapes = _record_forward_shapes(model)
     shared = _score_and_grads(model, ids, mask, length, share=True, packed=packed)
     # 2 distinct prompts: all but their last token once, then every row's last prompt token + completion: padded to
-    # the longest plus one position, or packed: rows of 7 holding 5 + 2, 5 + 1 (prompt A), 5 + 2, 3 + 1 (prompt B)
+    # the longest plus one position, or packed: rows of 7 holding 5 + 2, 5 + 1 (prompt A), 5 + 2, 3 + 1 (prompt B);
+    # or inline, one pass: each prompt, then its completions but their last tokens (A: 6 + 4 + 4 + 1, B: 3 + 4 + 2 + 1)
     completions = (ids.size(0), length + 1) if not packed else (4, 7)
-    assert shapes == [(2, ids.size(1) - length - 1), completions]
+    expected = [(2, 6 + 9)] if packed == "inline" else [(2, ids.size(1) - length - 1), completions]
+    assert shapes == expected
     torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(shared[1], plain[1], atol=1e-5, rtol=0)
     valid = mask[:, -length:].bool()
@@ -223,12 +225,13 @@ def test_a_model_that_ignores_the_cache_is_an_error(model):
             return self.inner(**kwargs, **({"cache": cache} if self.calls == 1 else {}))
 
     ids, mask, length = _batch(model.config.vocab_size)
-    for packed in (False, True):
+    for packed in (False, "cache"):  # (the inline layout reads no cache)
         with torch.no_grad(), pytest.raises(RuntimeError, match="shared_prefix_scoring=False"):
             score_completions(DropsCache(model), ids, mask, length, 1.0, share_prefix=True, packed=packed)
 
 
-def test_lora_gradients_match(model):
+@pytest.mark.parametrize("layout", ["cache", "inline"])
+def test_lora_gradients_match(model, layout):
     peft = pytest.importorskip("peft")
     lora = peft.get_peft_model(
         model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
@@ -236,8 +239,11 @@ def test_lora_gradients_match(model):
     ids, mask, length = _batch(model.config.vocab_size)
     plain = _score_and_grads(lora, ids, mask, length, share=False)
     shapes = _record_forward_shapes(lora)
-    shared = _score_and_grads(lora, ids, mask, length, share=True, packed=True)
-    assert shapes[1] == (ids.size(0), length)  # the shared, packed path ran (each completion alone in its row)
+    shared = _score_and_grads(lora, ids, mask, length, share=True, packed=layout)
+    if layout == "cache":  # the shared, packed path ran (each completion alone in its row)
+        assert shapes[1] == (ids.size(0), length)
+    else:  # one pass, each row holding a prompt (6 tokens, 3 of them padding for the second) and its completions
+        assert len(shapes) == 1 and shapes[0][0] < ids.size(0) and shapes[0][1] > 6
     assert plain[2] and all("lora_" in name for name in plain[2])
     for name, grad in plain[2].items():
         torch.testing.assert_close(shared[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
@@ -249,8 +255,8 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
     parameters."""
     from trl.trainer import grpo_scoring
 
-    shared_passes = []  # (gradients on, rows) of every pass that shared its prompts
-    make_cache = grpo_scoring.shared_prefix_cache
+    shared_passes = []  # (gradients on, rows) of every pass that shared its prompts: in a cache, or inline
+    make_cache, pack = grpo_scoring.shared_prefix_cache, grpo_scoring.pack_completions
 
     def counting(model, ids, *args):
         cache = make_cache(model, ids, *args)
@@ -258,7 +264,14 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
             shared_passes.append((torch.is_grad_enabled(), ids.size(0)))
         return cache
 
+    def counting_inline(ids, *args):
+        plan = pack(ids, *args)
+        if plan is not None and plan.inline:
+            shared_passes.append((torch.is_grad_enabled(), ids.size(0)))
+        return plan
+
     monkeypatch.setattr(grpo_scoring, "shared_prefix_cache", counting)
+    monkeypatch.setattr(grpo_scoring, "pack_completions", counting_inline)
     params, logged = {}, {}
     for share in (False, True):
         kwargs = {**grpo_kwargs, "gradient_checkpointing": True, "max_steps": 2, "shared_prefix_scoring": share}
@@ -362,7 +375,7 @@ def test_every_rope_type_of_transformers_is_covered():
         (12, 3),  # prompt pass: 11 (> 8); whole sequence: 15 (< 16): on one side of each limit
     ],
 )
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("packed", [False, "cache", "inline"])
 @pytest.mark.parametrize("rope_type", ROPE_TYPES)
 def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, completion_length, packed):
     """Where a RoPE rescales with the sequence length and the prompt pass would see other frequencies than the
@@ -389,8 +402,12 @@ def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, c
             f"shared_prefix_scoring: some log-prob passes run plain ({rope_type} RoPE, whose frequencies depend on "
             "the sequence length)."
         )
+    elif packed == "inline" and rope_type not in LENGTH_SCALED:  # one pass, rows that start with their prompt
+        assert len(shapes) == 2 and shapes[0] == shapes[1] and shapes[0][1] > prompt_length
+        info.assert_not_called()
     else:
-        # it shared (packed: every row as long as the longest, so one completion per row and no extra position)
+        # it shared (packed: every row as long as the longest, so one completion per row and no extra position; a
+        # length-scaled RoPE is not given inline rows)
         assert shapes[:2] == [(2, prompt_length - 1), (6, completion_length + (not packed))]
         info.assert_not_called()
     reason = f"{rope_type} RoPE, whose frequencies depend on the sequence length"
@@ -434,7 +451,7 @@ def test_split_lengths_counts_the_attended_tokens_of_the_longest_row():
     assert split_lengths(mask, 4) == (3, 5)
 
 
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("packed", [False, "cache", "inline"])
 def test_prompt_pass_runs_inside_the_data_parallel_wrapper(model, packed):
     """Under DDP each wrapped forward broadcasts buffers, and ranks decide on sharing from their own data: the prompt
     pass runs on the wrapped module, so a shared pass makes one wrapped forward, as a plain one does (here
@@ -448,7 +465,11 @@ def test_prompt_pass_runs_inside_the_data_parallel_wrapper(model, packed):
     shapes = _record_forward_shapes(model)
     shared = _score_and_grads(wrapper, ids, mask, length, share=True, packed=packed)
     completions = (ids.size(0), length + (not packed))  # packed: one completion a row, no extra position
-    assert len(calls) == 2 and shapes == [(2, ids.size(1) - length - 1), completions]
+    assert len(calls) == 2  # one wrapped forward per pass, whichever way it runs
+    if packed == "inline":  # one pass on rows that hold their prompt
+        assert len(shapes) == 1 and shapes[0][1] > ids.size(1) - length
+    else:
+        assert shapes == [(2, ids.size(1) - length - 1), completions]
     torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=0)
     for name, grad in plain[2].items():
         torch.testing.assert_close(shared[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
@@ -560,6 +581,61 @@ def test_pack_completions_lays_out_each_completion_on_its_prompt():
     assert pack_completions(ids, empty, 3, torch.tensor([0, 0, 0, 1])) is None
 
 
+def test_inline_packing_puts_each_prompt_at_the_start_of_its_row():
+    """The batch of the test above, inline: prompt A = [11, 12, 13] (rows 0-2), B = [pad, 22, 23] (row 3). Segments
+    are the completion tokens but the last (2, 0, 1, 1 positions); positions only in the estimate, so A's rows end to
+    end (3 + 3) beat two rows of 3 + 2: [A | row 0 | row 2 | row 1 (empty)], [B | row 3 | slack]."""
+    ids = torch.tensor(
+        [
+            [11, 12, 13, 101, 102, 103],
+            [11, 12, 13, 111, 0, 0],
+            [11, 12, 13, 121, 122, 0],
+            [0, 22, 23, 131, 132, 0],
+        ]
+    )
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0]])
+    plan = pack_completions(ids, mask, 3, torch.tensor([0, 0, 0, 1]), 1e9, "inline")
+    assert plan.inline and plan.rows.tolist() == [0, 3]
+    assert plan.input_ids.tolist() == [[11, 12, 13, 101, 102, 121], [22, 23, 131, 0, 0, 0]]
+    # positions over the attended tokens: each completion continues its prompt; slack at 0
+    assert plan.position_ids.tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, 2, 0, 0, 0]]
+    # the prompt's last position (flat 2 for A, 7 for B) predicts the first token of each of its completions
+    assert plan.source.tolist() == [2, 3, 4, 2, 5, 2, 7, 8]
+    assert plan.dest.tolist() == [0, 1, 2, 6, 7, 3, 9, 10]
+    assert plan.targets.tolist() == [101, 102, 103, 121, 122, 111, 131, 132]
+    assert plan.attention_mask.shape == (2, 1, 6, 6)
+    expected = [
+        # the prompt causal; row 0's tokens see the prompt and themselves; row 2's token the prompt and itself
+        [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0],
+         [1, 1, 1, 0, 0, 1]],
+        # B's two attended prompt tokens, row 3's token; slack sees itself only
+        [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 0],
+         [0, 0, 0, 0, 0, 1]],
+    ]  # fmt: skip
+    assert plan.attention_mask[:, 0].long().tolist() == expected
+    # a prompt whose attended tokens are not its last ones cannot go inline: the cache layout instead
+    holes = mask.clone()
+    holes[0:3, 1] = 0
+    assert not pack_completions(ids, holes, 3, torch.tensor([0, 0, 0, 1]), 1e9, "inline").inline
+    with pytest.raises(ValueError, match="layout must be 'cache', 'inline' or 'auto', not 'rows'"):
+        pack_completions(ids, mask, 3, torch.tensor([0, 0, 0, 1]), layout="rows")
+
+
+def test_auto_layout_charges_the_prompt_pass():
+    """One 10-token prompt (K = 9 cached positions), positions only. Two 2-token completions: cache 2 × 2 + 2.5 × 9
+    = 26.5 against inline 2 rows × (10 + 1) = 22: inline. Four 8-token ones: cache 4 × 8 + 22.5 = 54.5 against
+    inline 4 × (10 + 7) = 68: the cache layout."""
+    from trl.trainer.prefix_sharing import PROMPT_PASS_COST_FACTOR
+
+    assert PROMPT_PASS_COST_FACTOR == 2.5
+    for rows, tokens, inline in ((2, 2, True), (4, 8, False)):
+        ids = torch.randint(3, 50, (rows, 10 + tokens), generator=torch.Generator().manual_seed(0))
+        ids[:, :10] = ids[0, :10]
+        plan = pack_completions(ids, torch.ones_like(ids), 10, torch.zeros(rows, dtype=torch.long), layout="auto")
+        assert plan.inline == inline
+        assert plan.input_ids.shape == ((rows, 10 + tokens - 1) if inline else (rows, tokens))
+
+
 def test_pack_completions_widens_rows_where_that_saves_positions():
     """One prompt, completions of 4, 3, 3 and 2 tokens (12 positions). Rows of 4: [4], [3], [3], [2] = 16
     positions; rows of 6: [4, 2], [3, 3] = 12. The attention's cost per pair of positions decides between them."""
@@ -576,9 +652,10 @@ def test_pack_completions_widens_rows_where_that_saves_positions():
     assert pack_completions(ids, mask, 2, inverse, 0.5).input_ids.shape == (4, 4)
 
 
+@pytest.mark.parametrize("layout", ["cache", "inline"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("model_type", PACKABLE_MODEL_TYPES)
-def test_packed_scoring_is_exact_for_every_packable_model_type(model_type, attention):
+def test_packed_scoring_is_exact_for_every_packable_model_type(model_type, attention, layout):
     """Each model type allowed to pack, with SDPA (a boolean mask) and eager attention (an additive one): packed
     log-probs and gradients against the padded pass on the shared prompt, to float rounding, from fewer positions."""
     from transformers import AutoConfig
@@ -593,9 +670,10 @@ def test_packed_scoring_is_exact_for_every_packable_model_type(model_type, atten
     ids, mask, length = _batch(64, lengths=(5, 1, 2, 5, 3, 2, 5, 1))
     padded = _score_and_grads(model, ids, mask, length, share=True)
     shapes = _record_forward_shapes(model)
-    packed = _score_and_grads(model, ids, mask, length, share=True, packed=True)
-    # the prompt pass, then rows of 7 positions, two completions each (see the first test)
-    assert shapes == [(2, ids.size(1) - length - 1), (4, 7)]
+    packed = _score_and_grads(model, ids, mask, length, share=True, packed=layout)
+    # the prompt pass, then rows of 7 positions, two completions each; or one pass over rows that start with their
+    # prompt (see the first test)
+    assert shapes == ([(2, ids.size(1) - length - 1), (4, 7)] if layout == "cache" else [(2, 15)])
     torch.testing.assert_close(packed[0], padded[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(packed[1], padded[1], atol=1e-5, rtol=0)
     for name, grad in padded[2].items():

@@ -11,7 +11,7 @@ the vocabulary stops a completion (`generation_kwargs`), so completions of diffe
 rank 0 (`packed_completion_scoring`, a 4-D mask) while rank 1 runs padded rows. It records
 the logged loss, entropy and gradient norm of every step, the per-token log-probs of every scoring pass
 (reference and training passes), and how many scoring passes shared their prompts (calls of `shared_prefix_cache`
-that returned a cache), with and without gradients. It writes them to `OUT_DIR/<mode>_rank<r>.json`.
+that returned a cache, or packed rows that hold their prompt), with and without gradients. It writes them to `OUT_DIR/<mode>_rank<r>.json`.
 """
 
 import os
@@ -85,6 +85,8 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         plan = pack(*a, **k)
         if plan is not None and plan.input_ids.size(0) < a[0].size(0):
             packed[0] += 1
+        if plan is not None and plan.inline:  # a shared pass without a cache: rows that start with their prompt
+            shared["with_gradients" if torch.is_grad_enabled() else "without_gradients"] += 1
         return plan
 
     logps: list[list] = []

@@ -75,11 +75,16 @@ def _check_generation(out, tmp):
 
 def _check_packed_scoring(out, tmp):
     header, rows = table_with(out, "L")
-    assert header[:3] == ["L", "scored tokens", "positions padded → packed"] and len(header) == 8
-    assert [row[0] for row in rows] == ["8"]
-    padded, packed = (int(x) for x in re.match(r"(\d+) → (\d+)", rows[0][2]).groups())
-    assert int(rows[0][1]) <= packed < padded == 16 * 9  # 16 rows of 8 tokens + 1, packed into fewer positions
-    assert all(number(cell) > 0 for cell in rows[0][3:7]) and number(rows[0][7]) < 1e-4
+    assert header[:6] == ["L", "scored tokens", "positions padded", "cache", "inline", "auto picks"]
+    assert len(header) == 13 and [row[0] for row in rows] == ["8"]
+    row = rows[0]
+    prompt_pass, padded = (int(x) for x in re.match(r"(\d+) \+ (\d+)", row[2]).groups())
+    cached = int(re.match(r"\d+ \+ (\d+)", row[3]).group(1))
+    inline = int(row[4].split()[0])
+    # 16 rows of 8 tokens + 1 padded; packed into fewer; inline rows also hold the prompts
+    assert padded == 16 * 9 and int(row[1]) <= cached < padded and inline > int(row[1])
+    assert prompt_pass > 0 and row[5] in ("cache", "inline")
+    assert all(number(cell) > 0 for cell in row[6:12]) and number(row[12]) < 1e-4
 
 
 def _check_grpo_step(out, tmp):

@@ -126,8 +126,8 @@ class GRPOConfig(TrainingArguments):
             the MoE router loss's pass; with gradients, active dropout and reentrant checkpointing); see
             "Shared-prefix scoring" in the docs.
         packed_completion_scoring (`bool`, *optional*, defaults to `True`):
-            With `shared_prefix_scoring`, score the completions laid end to end in rows, each seeing only its prompt
-            and itself, instead of padded to the longest; same log-probs and gradients to float rounding.
+            With `shared_prefix_scoring`, score the completions end to end in rows (on the prompt cache, or after
+            their prompt in one pass), each seeing its prompt and itself only; the same results to float rounding.
         sparse_embedding_grad (`bool`, *optional*, defaults to `True`):
             In the training forward, let an input embedding tied to the LM head (SmolLM2, Qwen2.5-0.5B, Gemma, ...)
             produce only its looked-up rows' gradient, added in place into the LM head's (with `chunked_logprobs`)

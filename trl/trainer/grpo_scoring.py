@@ -29,6 +29,7 @@ from .prefix_sharing import (
     rope_sharing_blocker,
     scoring_sharing_blocker,
     shared_prefix_cache,
+    shared_prompts,
     split_lengths,
     text_config,
 )
@@ -131,7 +132,7 @@ def score_completions(
     chunked_logprobs: bool = False,
     grouped_kv_attention: bool = False,
     recompute_elementwise_activations: bool = False,
-    packed: bool = False,
+    packed: bool | str = False,
 ) -> Scores:
     """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
     logits divided by `temperature`, so they describe the distribution the completions were sampled from.
@@ -177,11 +178,14 @@ def score_completions(
             backward (`activation_recompute.recomputed_activations`; gradients to float rounding); not under gradient
             checkpointing.
 
-        packed: with `share_prefix`, score the completions on the shared prompt in rows packed end to end
-            (`prefix_sharing.pack_completions`: each completion's positions see its prompt and its own earlier
-            positions only) instead of every row as wide as the longest completion: no padded position but the
-            rows' slack, one forward all the same; the same log-probs and gradients up to float rounding. Passes of
-            a model that `prefix_sharing.packing_blocker` names a reason for run padded (logged once).
+        packed: with `share_prefix`, score the completions in rows packed end to end (`prefix_sharing.
+            pack_completions`: each completion's positions see its prompt and its own earlier positions only) instead
+            of every row as wide as the longest completion: no padded position but the rows' slack, one forward over
+            the completions all the same; the same log-probs and gradients up to float rounding. `True` picks the
+            layout by `pack_completions`' estimate: the rows on the prompts' shared cache (`"cache"`), or rows that
+            start with their prompt (`"inline"`: a single forward, no prompt pass; never for a length-scaled RoPE);
+            `"cache"` or `"inline"` forces one. Passes of a model that `prefix_sharing.packing_blocker` names a
+            reason for run padded (logged once).
 
     Returns:
         `Scores`.
@@ -273,14 +277,38 @@ def score_completions(
                 if blocker is not None:
                     share_here = False
                     _log_blocker(blocker)
-            cache = (
-                shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True)
-                if share_here
-                else None
+            cache = plan = None
+            shared = (
+                shared_prompts(model, ids[:, :prompt_length], mask[:, :prompt_length], True) if share_here else None
             )
-            if cache is None and share_here and sink[0] is not None:  # a prompt pass whose cache is not used:
-                sink[0] = TiedGradSink()  # its lookup gets no gradient, so the plain pass counts on a new sink
-            if cache is None:
+            if shared is not None and packed:
+                # inline rows hold whole sequences, whose reach a length-scaled RoPE is not checked for here
+                layout = "cache" if length_scaled else ("auto" if packed is True else packed)
+                plan = pack_completions(ids, mask, prompt_length, shared[1], text_config(model).hidden_size, layout)
+                if plan is not None and length_scaled:  # packed rows leave out empty completions: the positions
+                    reach = int(plan.position_ids.max()) + 1  # they reach can fall on the prompt pass's other side
+                    if rope_sharing_blocker(model, prefix_reach, reach) is not None:
+                        plan = None
+            if shared is not None and (plan is None or not plan.inline):
+                cache = shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True)
+                if cache is None:
+                    plan = None
+                    if sink[0] is not None:  # a prompt pass whose cache is not used: its lookup gets no gradient,
+                        sink[0] = TiedGradSink()  # so the plain pass counts on a new sink
+            if plan is not None and plan.inline:  # one pass: each row holds its prompt, then its completions
+                outputs = model(
+                    input_ids=plan.input_ids,
+                    attention_mask=packed_attention_mask(model, plan.attention_mask),
+                    position_ids=plan.position_ids,
+                    logits_to_keep=0,
+                    use_cache=False,
+                    **no_router_logits,
+                )
+                logp, entropy = (
+                    None if v is None else unpacked(v[0], plan.dest, ids.size(0), logits_to_keep)
+                    for v in scored(outputs, plan.targets[None], plan.source)
+                )
+            elif cache is None:
                 extra = {"output_router_logits": True} if compute_aux_loss else {}
                 outputs = model(
                     input_ids=ids,
@@ -294,15 +322,6 @@ def score_completions(
                 if compute_aux_loss:
                     aux_losses.append(outputs.aux_loss)
             else:  # the last prompt token (it predicts the first completion token) and the completion, on the prompt
-                plan = None
-                if packed:
-                    plan = pack_completions(
-                        ids, mask, prompt_length, cache.layers[0].inverse, text_config(model).hidden_size
-                    )
-                if plan is not None and length_scaled:  # packed rows leave out empty completions: the positions
-                    reach = int(plan.position_ids.max()) + 1  # they reach can fall on the prompt pass's other side
-                    if rope_sharing_blocker(model, prefix_reach, reach) is not None:
-                        plan = None
                 rows_cache = cache if plan is None else prefix_for_rows(model, cache, plan.rows)
                 ignored = f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
                 try:

@@ -154,6 +154,27 @@ def text_config(model: nn.Module):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def shared_prompts(
+    model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, full_attention: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`unique_prompt_rows(prompt_ids, prompt_mask)` when a batch's prompts can be computed once per distinct prompt,
+    else `None`: nothing to share (no repeated prompt, P = 1), prompts that are not left-padded (a row whose last
+    token is padding), PEFT prompt learning (prompt or prefix tuning adds its own tokens to every forward), and with
+    `full_attention` (scoring), a model whose cache has layers other than plain full-attention ones (sliding
+    windows, linear attention)."""
+    if prompt_ids.size(1) < 2 or not bool(prompt_mask[:, -1].all()):
+        return None
+    peft_config = getattr(extract_model_from_parallel(model), "active_peft_config", None)
+    if getattr(peft_config, "is_prompt_learning", False):  # PEFT prepends its own virtual tokens or cache
+        return None
+    if full_attention and any(
+        type(layer) is not DynamicLayer for layer in DynamicCache(config=text_config(model)).layers
+    ):
+        return None
+    first, inverse = unique_prompt_rows(prompt_ids, prompt_mask)
+    return None if first.numel() == prompt_ids.size(0) else (first, inverse)
+
+
 def shared_prefix_cache(
     model: PreTrainedModel,
     prompt_ids: torch.Tensor,
@@ -184,18 +205,12 @@ def shared_prefix_cache(
         the prompts are not left-padded (a row whose last token is padding), or for PEFT prompt learning (prompt or
         prefix tuning adds its own tokens to every forward).
     """
-    if prompt_ids.size(1) < 2 or not bool(prompt_mask[:, -1].all()):
+    shared = shared_prompts(model, prompt_ids, prompt_mask, full_attention=read_only)
+    if shared is None:
         return None
-    peft_config = getattr(extract_model_from_parallel(model), "active_peft_config", None)
-    if getattr(peft_config, "is_prompt_learning", False):  # PEFT prepends its own virtual tokens or cache
-        return None
-    first, inverse = unique_prompt_rows(prompt_ids, prompt_mask)
-    if first.numel() == prompt_ids.size(0):
-        return None
+    first, inverse = shared
     cache = DynamicCache(config=text_config(model))
     if read_only:
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):
-            return None
         cache.layers = [_WriteOnceLayer() for _ in cache.layers]
     ids, mask = prompt_ids[first, :-1], prompt_mask[first, :-1]
     inner, context = inner_pass_model(model)  # DDP/DeepSpeed unwrapped: one wrapped forward per pass on every rank
@@ -223,10 +238,15 @@ def shared_prefix_cache(
     return cache
 
 
-# Packed rows are tried from the longest completion's width up to this many times it, in steps of 1/PACKED_WIDTH_STEPS
-# of it (see `pack_completions`).
-MAX_PACKED_WIDTH_FACTOR = 4
+# Packed rows are tried from the longest segment's width up to a whole prompt's segments end to end, in steps of
+# 1/PACKED_WIDTH_STEPS of the longest (see `pack_completions`).
 PACKED_WIDTH_STEPS = 4
+# What the cache layout's prompt pass costs, in positions of the estimate, per position it runs: a second pass (its
+# small matrix products, and the weights' gradients of two passes added), measured on SmolLM2-135M, one thread, 2
+# prompts × 8 completions of 16-128 tokens (benchmarks/benchmark_packed_scoring.py): with 2.5 the estimate picked
+# the faster layout at every length (inline at 16 and 32 tokens, 10-12 % faster with gradients; the cache layout at
+# 64 and 128, whose inline rows repeat the prompt or attend over ~250 positions, 14-23 % faster).
+PROMPT_PASS_COST_FACTOR = 2.5
 # Attention models whose causal mask transformers builds with `masking_utils.create_causal_mask`, which hands a 4-D
 # mask to the attention as it is, and whose positions come from `position_ids` only (RoPE): a packed pass is exact
 # for them (tests/test_prefix_sharing.py checks each against the padded pass).
@@ -239,10 +259,13 @@ class PackedCompletions(NamedTuple):
     """The scored positions of a batch's completions laid end to end in rows (see `pack_completions`).
 
     `input_ids`, `position_ids`: `(R, W)` int64. `attention_mask`: `(R, 1, W, K + W)` bool, True where a position
-    attends (first the K cached prompt positions, then the row's own). `rows`: `(R,)` int64, a batch row whose prompt
-    each packed row continues. `source`: `(M,)` int64, the flat indices (into R·W) of the M positions that predict a
-    completion token; `targets`: `(M,)` int64, those tokens; `dest`: `(M,)` int64, their flat indices into the
-    `(N, L)` result."""
+    attends: first the K positions of the prompts' shared cache, then the row's own (K = 0 when `inline`). `rows`:
+    `(R,)` int64, a batch row whose prompt each packed row holds or continues. `source`: `(M,)` int64, the flat
+    indices (into R·W) of the positions that predict the M completion tokens (inline, a prompt's last position
+    predicts the first token of each of its completions, so it can appear more than once); `targets`: `(M,)` int64,
+    those tokens; `dest`: `(M,)` int64, their flat indices into the `(N, L)` result. `inline`: each row starts with
+    its prompt's attended tokens and the pass reads no cache; else the rows continue `shared_prefix_cache`'s
+    prompts."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -251,15 +274,16 @@ class PackedCompletions(NamedTuple):
     source: torch.Tensor
     targets: torch.Tensor
     dest: torch.Tensor
+    inline: bool = False
 
 
 def _first_fit(lengths: list[int], prompts: list[int], capacity: int) -> list[list[tuple[int, int]]]:
-    """Rows (indices into `lengths`; rows of length 0 left out) placed in bins of `capacity` positions, longest
-    first, each into the first bin of its own prompt with room: `[[(row, offset)]]` per bin."""
+    """Rows (indices into `lengths`; rows of negative length left out) placed in bins of `capacity` positions,
+    longest first, each into the first bin of its own prompt with room: `[[(row, offset)]]` per bin."""
     bins: list[list[tuple[int, int]]] = []
     open_bins: dict[int, list[int]] = {}  # prompt -> its bins' indices
     fill: list[int] = []
-    for row in sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (-lengths[i], i)):
+    for row in sorted((i for i, n in enumerate(lengths) if n >= 0), key=lambda i: (-lengths[i], i)):
         mine = open_bins.setdefault(prompts[row], [])
         b = next((b for b in mine if fill[b] + lengths[row] <= capacity), None)
         if b is None:
@@ -272,77 +296,144 @@ def _first_fit(lengths: list[int], prompts: list[int], capacity: int) -> list[li
     return bins
 
 
+def _cheapest_bins(
+    lengths: list[int], prompts: list[int], lead: dict[int, int], cached: int, pairs_per_position: float | None
+) -> tuple[float, list[list[tuple[int, int]]], int]:
+    """`(cost, bins, width)`: the `_first_fit` filling of `lengths` (negative: left out) with the lowest estimated
+    cost among capacities from the longest row up to a whole prompt's rows end to end, in steps of a quarter of the
+    longest (only the longest's without `pairs_per_position`). A bin of prompt p starts with `lead[p]` positions,
+    and every row is as wide as the widest bin; the cost is rows × width positions, plus the attention's rows × width
+    × (`cached` + width) pairs at `1 / pairs_per_position` position each."""
+    longest = max(1, max(lengths))
+    totals: dict[int, int] = {}  # each prompt's segments end to end: the widest row that can help
+    for row, n in enumerate(lengths):
+        if n >= 0:
+            totals[prompts[row]] = totals.get(prompts[row], 0) + n
+    distinct = len(totals)
+    step = -(-longest // PACKED_WIDTH_STEPS)
+    widest = max(longest, *totals.values()) if pairs_per_position else longest
+    best = None
+    for capacity in [*range(longest, widest, step), widest]:
+        bins = _first_fit(lengths, prompts, capacity)
+        width = max(lead[prompts[b[0][0]]] + sum(lengths[row] for row, _ in b) for b in bins)
+        cost = len(bins) * width * (1 + ((cached + width) / pairs_per_position if pairs_per_position else 0))
+        if best is None or cost < best[0]:
+            best = (cost, bins, width)
+        if len(bins) == distinct:  # one row per prompt: wider rows change nothing
+            break
+    return best
+
+
 def pack_completions(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     prompt_length: int,
     inverse: torch.Tensor,
     pairs_per_position: float | None = None,
+    layout: str = "cache",
 ) -> PackedCompletions | None:
-    """Lay the scored positions of each completion (its last prompt token, then every completion token but the last;
-    each predicts the next) end to end in rows, completions of the same prompt sharing a row, under a mask that lets
-    each position see the attended tokens of its prompt (in a cache of K = `prompt_length` - 1 positions) and its own
-    completion's earlier positions only: one pass over them scores the whole batch with no padded position but the
-    rows' slack, and nothing of one completion reaches another. Its results are the padded pass's up to float
-    rounding (other matrix shapes).
+    """Lay the positions that score each completion end to end in rows, completions of the same prompt sharing a row,
+    under a mask that lets each position see the attended tokens of its prompt and its own completion's earlier
+    positions only: one pass over them scores the whole batch with no padded position but the rows' slack, and
+    nothing of one completion reaches another. Its results are the padded pass's up to float rounding (other matrix
+    shapes). Two layouts:
 
-    The rows are filled first fit, longest completion first, up to a width of 1, 1.25, 1.5, ...
-    `MAX_PACKED_WIDTH_FACTOR` times the longest completion, and the filling with the lowest estimated cost is kept: rows × width positions, plus
-    the attention's rows × width × (K + width) pairs of positions at `1 / pairs_per_position` position each (wider
-    rows leave less slack but attend over more positions; `None`: the longest completion's width only).
+    - `"cache"`: the prompts, all but their last token (K = `prompt_length` - 1 positions), are in a shared cache
+      (`shared_prefix_cache`, a pass of its own); each completion's segment is its last prompt token, then every
+      completion token but the last.
+    - `"inline"`: each row starts with its prompt's attended tokens, so there is one pass and no cache; a segment is
+      every completion token but the last, and the prompt's last position predicts the first token of each of its
+      completions. A prompt whose completions fill more than one row is repeated in each. Only for prompts whose
+      attended tokens are their last ones (left padding without holes); other batches get the cache layout.
+    - `"auto"`: the layout with the lower estimated cost, the cache layout's including its prompt pass (U distinct
+      prompts × K positions, weighted by `PROMPT_PASS_COST_FACTOR`).
+
+    Within a layout the rows are filled first fit, longest segment first, at capacities from the longest segment up
+    to a whole prompt's segments end to end (in steps of a quarter of the longest), and the filling with the lowest
+    estimated cost is kept: rows × width positions, plus the attention's rows × width × (keys per position) pairs at
+    `1 / pairs_per_position` position each (wider rows leave less slack but attend over more positions; `None`: the
+    longest segment's width only, and the layouts compare positions only).
 
     Args:
         input_ids, attention_mask: `(N, P + L)` left-padded prompt + completion, `P = prompt_length`.
         prompt_length: P.
-        inverse: `(N,)` int64, each row's distinct prompt (`unique_prompt_rows`): rows of one prompt share the cache.
+        inverse: `(N,)` int64, each row's distinct prompt (`unique_prompt_rows`): rows of one prompt share a row.
         pairs_per_position: how many attended (query, key) pairs cost as much as one position of the linear layers.
+        layout: `"cache"`, `"inline"` or `"auto"`.
 
     Returns:
         `PackedCompletions`, or `None` when no row has a completion token or a row's completion mask is not its
         first tokens (an attended position after a masked one).
+
+    Raises:
+        ValueError: for another `layout`.
     """
+    if layout not in ("cache", "inline", "auto"):
+        raise ValueError(f"layout must be 'cache', 'inline' or 'auto', not {layout!r}.")
     completion = attention_mask[:, prompt_length:].bool()
     if bool((completion[:, 1:] & ~completion[:, :-1]).any()) or not bool(completion.any()):
         return None
     lengths, prompts = completion.sum(1).tolist(), inverse.tolist()
-    longest, cached = max(lengths), prompt_length - 1
-    best = None
-    step = -(-longest // PACKED_WIDTH_STEPS)
-    widest = longest * MAX_PACKED_WIDTH_FACTOR if pairs_per_position else longest
-    for capacity in range(longest, widest + 1, step):
-        bins = _first_fit(lengths, prompts, capacity)
-        width = max(offset + lengths[row] for segments in bins for row, offset in segments)
-        cost = len(bins) * width * (1 + (cached + width) / pairs_per_position if pairs_per_position else 1)
-        if best is None or cost < best[0]:
-            best = (cost, bins, width)
-        if len(bins) == len(set(prompts)):  # one row per prompt: wider rows change nothing
-            break
-    _, bins, width = best
+    cached = prompt_length - 1
+    prompt_mask = attention_mask[:, :prompt_length].bool()
+    prompt_tokens = prompt_mask.long().sum(1)
+    columns = torch.arange(prompt_length, device=attention_mask.device)
+    left_padded = bool((prompt_mask == (columns >= prompt_length - prompt_tokens[:, None])).all())
+    options = []
+    if layout != "inline" or not left_padded:
+        cost, bins, width = _cheapest_bins(
+            [n if n > 0 else -1 for n in lengths], prompts, dict.fromkeys(prompts, 0), cached, pairs_per_position
+        )
+        pairs = cached / pairs_per_position if pairs_per_position else 0
+        prompt_pass = PROMPT_PASS_COST_FACTOR * len(set(prompts)) * cached * (1 + pairs)
+        options.append((cost + prompt_pass, bins, width, False))
+    if layout != "cache" and left_padded:
+        lead = dict(zip(prompts, prompt_tokens.tolist()))
+        # a completion of one token is scored by its prompt's last position alone: a segment of 0
+        options.append((*_cheapest_bins([n - 1 for n in lengths], prompts, lead, 0, pairs_per_position), True))
+    _, bins, width, inline = min(options, key=lambda option: option[0])
     n, length = completion.shape
     device = input_ids.device
-    starts = (attention_mask[:, :prompt_length].long().sum(1) - 1).tolist()  # the last prompt token's position
     ids = input_ids.new_zeros(len(bins), width)
     positions = torch.zeros(len(bins), width, dtype=torch.long, device=device)
-    segment = torch.full((len(bins), width), -1, dtype=torch.long, device=device)  # the batch row at each position
+    # the batch row each position scores (-1: slack; -2: an inline prompt's token)
+    segment = torch.full((len(bins), width), -1, dtype=torch.long, device=device)
     source, dest = [], []
     for r, segments in enumerate(bins):
+        first = segments[0][0]
+        tokens = int(prompt_tokens[first])
+        lead = tokens if inline else 0
+        if inline:  # the prompt's attended tokens at positions 0, 1, ...
+            ids[r, :lead] = input_ids[first, prompt_length - lead : prompt_length]
+            positions[r, :lead] = torch.arange(lead, device=device)
+            segment[r, :lead] = -2
         for row, offset in segments:
-            count = lengths[row]
-            ids[r, offset : offset + count] = input_ids[row, cached : cached + count]
-            positions[r, offset : offset + count] = torch.arange(starts[row], starts[row] + count, device=device)
-            segment[r, offset : offset + count] = row
-            source.append(torch.arange(r * width + offset, r * width + offset + count, device=device))
+            count, at = lengths[row], r * width + lead + offset
+            # inline: tokens 0 .. count-2 at their positions; cache: the last prompt token, then those
+            start, span = (prompt_length, count - 1) if inline else (cached, count)
+            ids[r, lead + offset : lead + offset + span] = input_ids[row, start : start + span]
+            first_position = tokens if inline else tokens - 1
+            positions[r, lead + offset : lead + offset + span] = torch.arange(
+                first_position, first_position + span, device=device
+            )
+            segment[r, lead + offset : lead + offset + span] = row
+            if inline:  # the first token is predicted by the prompt's last position
+                source.append(torch.tensor([r * width + lead - 1], device=device))
+            source.append(torch.arange(at, at + span, device=device))
             dest.append(torch.arange(row * length, row * length + count, device=device))
     source, dest = torch.cat(source), torch.cat(dest)
     targets = input_ids[:, prompt_length:].reshape(-1).index_select(0, dest)
     rows = torch.tensor([segments[0][0] for segments in bins], dtype=torch.long, device=device)
-    valid = segment >= 0
+    valid = segment != -1
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     own = (segment[:, :, None] == segment[:, None, :]) & causal & valid[:, :, None]
     own |= torch.eye(width, dtype=torch.bool, device=device) & ~valid[:, :, None]  # slack sees itself only
-    prompt = attention_mask[rows, :cached].bool()[:, None, :] & valid[:, :, None]
-    mask = torch.cat([prompt, own], dim=2)[:, None]
-    return PackedCompletions(ids, positions, mask, rows, source, targets, dest)
+    if inline:  # a completion's positions also see all of its row's prompt (which comes first)
+        mask = own | ((segment[:, :, None] >= 0) & (segment[:, None, :] == -2))
+    else:
+        prompt = prompt_mask[rows, :cached][:, None, :] & valid[:, :, None]
+        mask = torch.cat([prompt, own], dim=2)
+    return PackedCompletions(ids, positions, mask[:, None], rows, source, targets, dest, inline)
 
 
 def packing_blocker(model: nn.Module) -> str | None:
