@@ -302,8 +302,9 @@ def test_shared_prefix_scoring_trains_as_plain_scoring(mode, policy_type, reques
         plain, shared = rank["False"], rank["True"]
         assert rank["world_size"] == 2 and shared["policy_type"] == policy_type
         assert shared["threshold"] == 16 and shared["prompt_tokens"] > shared["threshold"] + 1
-        # one reference and one training pass per step shared their prompts; the plain run never did
-        assert shared["shared"] == {"with_gradients": 2, "without_gradients": 2}
+        # one reference and one training pass per step shared their prompts, in rows that start with their prompt
+        # (24-token prompts, completions of at most 6: the inline layout is estimated cheaper); the plain run never did
+        assert shared["shared"] == {"with_gradients": 2, "without_gradients": 2} and shared["inline_passes"] == 4
         assert plain["shared"] == {"with_gradients": 0, "without_gradients": 0}
         assert len(plain["steps"]) == len(shared["steps"]) == 2
         for ours, reference in zip(shared["steps"], plain["steps"]):

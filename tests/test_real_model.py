@@ -297,9 +297,11 @@ def test_recomputed_activations_are_as_close_to_float64_as_the_plain_pass(smollm
     assert lean_bytes < 0.65 * plain_bytes, (lean_bytes, plain_bytes)
 
 
-def test_packed_scoring_equals_the_padded_pass_on_chat_prompts(smollm2_path):
-    """The trainer's scoring defaults with the completions (5 and 8 tokens here) packed end to end against the padded
-    pass on the shared prompt: log-probs, entropies and gradients to float rounding, from fewer positions."""
+@pytest.mark.parametrize("layout", ["cache", "inline"])
+def test_packed_scoring_equals_the_padded_pass_on_chat_prompts(smollm2_path, layout):
+    """The trainer's scoring defaults with the completions (5 and 8 tokens here) packed end to end, on the shared
+    prompt cache or after their prompt in one pass, against the padded pass on the shared prompt: log-probs,
+    entropies and gradients to float rounding, from fewer positions."""
     from trl.trainer.prefix_sharing import pack_completions, unique_prompt_rows
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).train()
@@ -307,11 +309,14 @@ def test_packed_scoring_equals_the_padded_pass_on_chat_prompts(smollm2_path):
     valid = mask[:, -8:].bool()
     prompt_length = input_ids.size(1) - 8
     _, inverse = unique_prompt_rows(input_ids[:, :prompt_length], mask[:, :prompt_length])
-    plan = pack_completions(input_ids, mask, prompt_length, inverse, model.config.hidden_size)
-    assert plan.input_ids.numel() < valid.size(0) * 9 and plan.source.numel() == int(valid.sum())
+    plan = pack_completions(input_ids, mask, prompt_length, inverse, model.config.hidden_size, layout)
+    assert plan.inline == (layout == "inline") and plan.source.numel() == int(valid.sum())
+    prompt_pass = len(set(inverse.tolist())) * (prompt_length - 1)
+    packed_positions = plan.input_ids.numel() + (0 if plan.inline else prompt_pass)
+    assert packed_positions < prompt_pass + valid.size(0) * 9  # the padded pass: the prompt pass, then N rows of 9
     defaults = dict(share_prefix=True, chunked_logprobs=True, sparse_embedding_grad=True, grouped_kv_attention=True)
     results = []
-    for packed in (False, True):
+    for packed in (False, layout):
         model.zero_grad(set_to_none=True)
         scores = score_completions(model, input_ids, mask, 8, 0.7, compute_entropy=True, packed=packed, **defaults)
         (scores.per_token_logps * valid).sum().backward()

@@ -79,7 +79,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
 
     shared = {"with_gradients": 0, "without_gradients": 0}
     make_cache, score = grpo_scoring.shared_prefix_cache, grpo_trainer.score_completions
-    pack, packed = grpo_scoring.pack_completions, [0]
+    pack, packed, inline = grpo_scoring.pack_completions, [0], [0]
 
     def counting_packs(*a, **k):  # passes with at least one row that holds two completions
         plan = pack(*a, **k)
@@ -87,6 +87,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
             packed[0] += 1
         if plan is not None and plan.inline:  # a shared pass without a cache: rows that start with their prompt
             shared["with_gradients" if torch.is_grad_enabled() else "without_gradients"] += 1
+            inline[0] += 1
         return plan
 
     logps: list[list] = []
@@ -124,6 +125,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         "logps": logps,
         "shared": shared,
         "packed_passes": packed[0],
+        "inline_passes": inline[0],
         "prompt_tokens": prompt_tokens,
         "threshold": grpo_scoring.MIN_SHARED_PREFIX_TOKENS,
         "policy_type": type(trainer.model_wrapped).__name__,

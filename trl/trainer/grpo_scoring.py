@@ -144,7 +144,8 @@ def score_completions(
     once, then every row's last prompt token and completion on top of that read-only KV cache
     (`prefix_sharing.shared_prefix_cache`); gradients reach the shared prompt through the cache. The result is the
     unshared one up to float rounding (the prompt is computed in a smaller batch) at `(P - 1)(N - U)` fewer token
-    positions per pass, U the number of distinct prompts. It runs one plain pass instead for prompts shorter than
+    positions per pass, U the number of distinct prompts. With `packed`, a pass may instead hold each prompt at the
+    start of its packed rows (one forward, no cache; see below). It runs one plain pass instead for prompts shorter than
     `min_prefix_tokens` + 1, when there is nothing to share, with `compute_aux_loss` (the router loss covers every
     token of one pass), for caches other than full attention, for PEFT prompt learning, for ZeRO-3/FSDP2 parameters, for
     a pass whose two halves would see different RoPE frequencies (`longrope` when the prompt and the whole sequence

@@ -244,8 +244,9 @@ PACKED_WIDTH_STEPS = 4
 # What the cache layout's prompt pass costs, in positions of the estimate, per position it runs: a second pass (its
 # small matrix products, and the weights' gradients of two passes added), measured on SmolLM2-135M, one thread, 2
 # prompts × 8 completions of 16-128 tokens (benchmarks/benchmark_packed_scoring.py): with 2.5 the estimate picked
-# the faster layout at every length (inline at 16 and 32 tokens, 10-12 % faster with gradients; the cache layout at
-# 64 and 128, whose inline rows repeat the prompt or attend over ~250 positions, 14-23 % faster).
+# the faster layout at every length (inline at 16 and 32 tokens: 11 and 18 % less time with gradients than the cache
+# layout; the cache layout at 64 and 128, where the inline rows attend over ~250 positions or repeat the prompt:
+# inline took 7 and 20 % more).
 PROMPT_PASS_COST_FACTOR = 2.5
 # Attention models whose causal mask transformers builds with `masking_utils.create_causal_mask`, which hands a 4-D
 # mask to the attention as it is, and whose positions come from `position_ids` only (RoPE): a packed pass is exact
