@@ -163,12 +163,16 @@ def test_grpo_sync_matches_formula_on_every_rank(mode, request):
         assert rank["fallback"] == 0
         _assert_exact_syncs(rank["syncs"], [2, 4])
         assert rank["ref_forward_error"] <= 1e-5  # the prepared reference's forward reads the mixed weights
-        # shared-prefix scoring through the DDP/DeepSpeed wrapper; never for ZeRO-3 parameters
+        # shared-prefix scoring through the DDP/DeepSpeed wrapper: on the prompt cache never for ZeRO-3 parameters,
+        # in packed rows that start with their prompt (one pass) for all
         shares = mode != "zero3"
         assert rank["shared_scoring"] == {
             "error": pytest.approx(0, abs=1e-5),
             "shares_without_gradients": shares,
             "shares_with_gradients": shares,
+            "inline_error": pytest.approx(0, abs=1e-5),
+            "inline_without_gradients": True,
+            "inline_with_gradients": True,
         }
         assert rank["checkpoint_roundtrip_equal"]  # the reference saved in a checkpoint restores bitwise
     assert [r["checksum"] for r in results[0]["syncs"]] == [r["checksum"] for r in results[1]["syncs"]]
@@ -291,11 +295,20 @@ def zero2_sharing_results(model_dir, tmp_path_factory, deepspeed_op):
     return _launch("zero2", model_dir, tmp_path_factory.mktemp("zero2_sharing"), worker=PREFIX_SHARING_WORKER)
 
 
-@pytest.mark.parametrize("mode, policy_type", [("ddp", "DistributedDataParallel"), ("zero2", "DeepSpeedEngine")])
+@pytest.fixture(scope="module")
+def zero3_sharing_results(model_dir, tmp_path_factory, deepspeed_op):
+    return _launch("zero3", model_dir, tmp_path_factory.mktemp("zero3_sharing"), worker=PREFIX_SHARING_WORKER)
+
+
+@pytest.mark.parametrize(
+    "mode, policy_type",
+    [("ddp", "DistributedDataParallel"), ("zero2", "DeepSpeedEngine"), ("zero3", "DeepSpeedEngine")],
+)
 def test_shared_prefix_scoring_trains_as_plain_scoring(mode, policy_type, request):
     """2 GRPO steps on 2 processes at the default sharing threshold (24-token prompts, 16 needed), with TRL's default
-    gradient checkpointing: `shared_prefix_scoring=True` really shares (reference and training passes) and gives the
-    loss, entropy and gradient norm of `shared_prefix_scoring=False` to rtol 1e-5 (the loss, ~0 at step 1 where the
+    gradient checkpointing (under ZeRO-3, whose parameters rule out the prompt cache, the passes share in packed
+    rows that start with their prompt): `shared_prefix_scoring=True` really shares (reference and training passes)
+    and gives the loss, entropy and gradient norm of `shared_prefix_scoring=False` to rtol 1e-5 (the loss, ~0 at step 1 where the
     advantages cancel: also abs 1e-6), and every per-token log-prob within 1e-5 + 1e-6 of its size (the passes run
     other matrix shapes: one pass over rows that start with their prompt, where the plain pass pads)."""
     for rank in request.getfixturevalue(f"{mode}_sharing_results"):

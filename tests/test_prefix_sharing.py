@@ -206,6 +206,34 @@ def test_reentrant_checkpointing_falls_back_to_plain_passes(model):
     )
 
 
+def test_a_pass_that_cannot_use_the_cache_still_shares_in_inline_rows(model):
+    """Reentrant checkpointing (and ZeRO-3/FSDP2 parameters) rule out the prompt cache, not one forward over rows
+    that start with their prompt: with packing allowed, the pass runs inline, the same values and gradients as one
+    plain pass; a pass that packs on the cache only (`"cache"`) runs plain."""
+    ids, mask, length = _batch(model.config.vocab_size, lengths=(5, 1, 2, 5, 3, 2, 5, 1))
+    plain = _score_and_grads(model, ids, mask, length, share=False)
+    model.gradient_checkpointing_enable({"use_reentrant": True})
+    assert scoring_sharing_blocker(model) == "reentrant gradient checkpointing"
+    assert scoring_sharing_blocker(model, one_pass=True) is None
+    shapes = _record_forward_shapes(model)
+    inline = _score_and_grads(model, ids, mask, length, share=True, packed=True)
+    assert shapes == [(2, 6 + 9)]  # one pass: each prompt, then its completions (see the first test)
+    torch.testing.assert_close(inline[0], plain[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(inline[1], plain[1], atol=1e-5, rtol=0)
+    for name, grad in plain[2].items():
+        assert grad.abs().max() > 0, name
+        torch.testing.assert_close(inline[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
+    shapes.clear()
+    _score_and_grads(model, ids, mask, length, share=True, packed="cache")
+    assert shapes == [tuple(ids.shape)]
+    # dropout rules out both: the rows of a prompt would share one dropout mask over it
+    model.config.attention_dropout = 0.1
+    assert scoring_sharing_blocker(model, one_pass=True) == "dropout in a pass with gradients"
+    shapes.clear()
+    _score_and_grads(model, ids, mask, length, share=True, packed=True)
+    assert shapes == [tuple(ids.shape)]
+
+
 def test_nothing_to_share_uses_one_plain_pass(model):
     ids, mask, length = _batch(model.config.vocab_size, prompt_lengths=(6, 3), repeats=1)  # all prompts distinct
     shapes = _record_forward_shapes(model)

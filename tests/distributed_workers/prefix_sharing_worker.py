@@ -1,7 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Worker for tests/test_distributed.py, started with `torchrun --nproc_per_node 2` (gloo, CPU).
 
-    prefix_sharing_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, ddp_diverge}
+    prefix_sharing_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, ddp_diverge}
 
 Each rank trains the same 2 GRPO steps twice from the same seed, with `shared_prefix_scoring=False` and then `True`,
 at the default sharing threshold (`MIN_SHARED_PREFIX_TOKENS`, not patched): the prompts have 24 tokens. In
@@ -11,7 +11,9 @@ the vocabulary stops a completion (`generation_kwargs`), so completions of diffe
 rank 0 (`packed_completion_scoring`, a 4-D mask) while rank 1 runs padded rows. It records
 the logged loss, entropy and gradient norm of every step, the per-token log-probs of every scoring pass
 (reference and training passes), and how many scoring passes shared their prompts (calls of `shared_prefix_cache`
-that returned a cache, or packed rows that hold their prompt), with and without gradients. It writes them to `OUT_DIR/<mode>_rank<r>.json`.
+that returned a cache, or packed rows that hold their prompt), with and without gradients. It writes them to
+`OUT_DIR/<mode>_rank<r>.json`. `zero3` (DeepSpeed ZeRO-3) shares in packed rows only: its parameters rule out the
+prompt cache.
 """
 
 import os
@@ -42,9 +44,9 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     from trl.trainer import grpo_scoring, grpo_trainer
 
     extra = {}
-    if mode == "zero2":
+    if mode in ("zero2", "zero3"):
         extra["deepspeed"] = {
-            "zero_optimization": {"stage": 2},
+            "zero_optimization": {"stage": int(mode[-1])},
             "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": "auto",
             "train_batch_size": "auto",
@@ -134,7 +136,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
 
 def main() -> None:
     mode, model_dir, out_dir = sys.argv[1:4]
-    if mode == "zero2":  # DeepSpeed's comm layer must know the world before the trainer builds its engine
+    if mode in ("zero2", "zero3"):  # DeepSpeed's comm layer must know the world before the trainer builds its engine
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")

@@ -330,7 +330,8 @@ def reference_forward_error(trainer) -> float:
 def shared_scoring(trainer) -> dict:
     """Shared-prefix scoring through the prepared policy (DDP or DeepSpeed engine, training mode): the max |log-prob
     difference| to one plain pass without gradients, and whether passes without and with gradients share (not for
-    ZeRO-3 parameters)."""
+    ZeRO-3 parameters); then the same for packed rows that start with their prompt (`packed="inline"`: one pass, no
+    cache, so also for ZeRO-3 parameters)."""
     from trl.trainer.grpo_scoring import score_completions
 
     g = torch.Generator().manual_seed(1)
@@ -355,11 +356,22 @@ def shared_scoring(trainer) -> dict:
     assert score_completions(
         policy, input_ids, mask, 4, 1.0, share_prefix=True, min_prefix_tokens=1
     ).per_token_logps.requires_grad
+    shares_with_gradients = shapes == [[2, 5], [6, 5]]
+    inline_kwargs = dict(share_prefix=True, min_prefix_tokens=1, packed="inline")
+    shapes.clear()
+    with torch.no_grad():
+        inline = score_completions(policy, input_ids, mask, 4, 1.0, **inline_kwargs).per_token_logps
+        inline_without_gradients = len(shapes) == 1 and shapes[0][0] < 6  # one pass, fewer rows than the batch
+    shapes.clear()
+    assert score_completions(policy, input_ids, mask, 4, 1.0, **inline_kwargs).per_token_logps.requires_grad
     inner.forward = forward
     return {
         "error": (shared - plain).abs().max().item(),
         "shares_without_gradients": shares_without_gradients,
-        "shares_with_gradients": shapes == [[2, 5], [6, 5]],
+        "shares_with_gradients": shares_with_gradients,
+        "inline_error": (inline - plain).abs().max().item(),
+        "inline_without_gradients": inline_without_gradients,
+        "inline_with_gradients": len(shapes) == 1 and shapes[0][0] < 6,
     }
 
 

@@ -122,8 +122,8 @@ class GRPOConfig(TrainingArguments):
             and the training forward and backward): the prompt's keys and values are shared by the rows that repeat
             it, gradients included. The log-probs and gradients equal the unshared ones up to float rounding; the
             saving grows with the prompt's share of the sequence. Passes where it cannot apply or would not pay run
-            plain (prompts under 17 tokens, ZeRO-3/FSDP2 parameters, PEFT prompt learning, sliding-window caches,
-            the MoE router loss's pass; with gradients, active dropout and reentrant checkpointing); see
+            plain (prompts under 17 tokens, PEFT prompt learning, sliding-window caches, the MoE router loss's pass,
+            dropout with gradients; ZeRO-3/FSDP2, reentrant checkpointing: packed inline rows only); see
             "Shared-prefix scoring" in the docs.
         packed_completion_scoring (`bool`, *optional*, defaults to `True`):
             With `shared_prefix_scoring`, score the completions end to end in rows (on the prompt cache, or after

@@ -151,7 +151,9 @@ def score_completions(
     a pass whose two halves would see different RoPE frequencies (`longrope` when the prompt and the whole sequence
     lie on different sides of `original_max_position_embeddings`, `dynamic` from `max_position_embeddings` tokens on),
     and, with gradients, for active dropout and gradient checkpointing that would drop the cache (see
-    `prefix_sharing.scoring_sharing_blocker`; each reason is logged once at INFO level).
+    `prefix_sharing.scoring_sharing_blocker`; each reason is logged once at INFO level). For ZeRO-3/FSDP2 parameters
+    and checkpointing that would drop the cache, a pass with `packed` (`True` or `"inline"`) still shares in inline
+    rows, which need no cache and no second forward; it runs plain where those do not apply.
 
     Args:
         model: a causal LM (possibly wrapped).
@@ -200,11 +202,19 @@ def score_completions(
     min_prefix = MIN_SHARED_PREFIX_TOKENS if min_prefix_tokens is None else min_prefix_tokens
     prompt_length = input_ids.size(1) - logits_to_keep
     share = share_prefix and prompt_length - 1 >= min_prefix
+    inline_only = False  # no shared cache, but one pass over packed rows that start with their prompt
     if share:
-        blocker = "the MoE router loss" if compute_aux_loss else scoring_sharing_blocker(model)
-        if blocker is not None:
-            share = False
-            _log_blocker(blocker)
+        cache_blocker = "the MoE router loss" if compute_aux_loss else scoring_sharing_blocker(model)
+        if cache_blocker is not None:
+            share = inline_only = (
+                packed in (True, "inline")
+                and not compute_aux_loss
+                and packing_blocker(model) is None
+                and scoring_sharing_blocker(model, one_pass=True) is None
+                and not length_scaled_ropes(model)
+            )
+            if not share:
+                _log_blocker(cache_blocker)
     # a RoPE whose frequencies follow the sequence length: decided per pass from the lengths it sees
     length_scaled = share and prompt_length > 1 and bool(length_scaled_ropes(model))
     # a MoE model whose config asks for router logits would pair them with the whole attention mask
@@ -284,12 +294,17 @@ def score_completions(
             )
             if shared is not None and packed:
                 # inline rows hold whole sequences, whose reach a length-scaled RoPE is not checked for here
-                layout = "cache" if length_scaled else ("auto" if packed is True else packed)
+                layout = "cache" if length_scaled else ("inline" if inline_only or packed == "inline" else packed)
+                layout = "auto" if layout is True else layout
                 plan = pack_completions(ids, mask, prompt_length, shared[1], text_config(model).hidden_size, layout)
                 if plan is not None and length_scaled:  # packed rows leave out empty completions: the positions
                     reach = int(plan.position_ids.max()) + 1  # they reach can fall on the prompt pass's other side
                     if rope_sharing_blocker(model, prefix_reach, reach) is not None:
                         plan = None
+            if inline_only and (plan is None or not plan.inline):  # no cache to fall back on: one plain pass
+                if shared is not None:
+                    _log_blocker(cache_blocker)
+                shared = plan = None
             if shared is not None and (plan is None or not plan.inline):
                 cache = shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True)
                 if cache is None:

@@ -528,9 +528,11 @@ def rope_sharing_blocker(model: nn.Module, prefix_length: int, length: int) -> s
     return None
 
 
-def scoring_sharing_blocker(model: nn.Module) -> str | None:
+def scoring_sharing_blocker(model: nn.Module, one_pass: bool = False) -> str | None:
     """Why the forwards of `model` cannot use a read-only `shared_prefix_cache` right now (gradients included), or
-    `None` when they can (a length-scaled RoPE is decided per pass from its lengths, `rope_sharing_blocker`). Reasons:
+    `None` when they can (a length-scaled RoPE is decided per pass from its lengths, `rope_sharing_blocker`). With
+    `one_pass`, only the reasons that also hold for one forward over rows that start with their prompt
+    (`pack_completions`' inline layout: no cache, no prompt pass), i.e. dropout. Reasons:
     - DeepSpeed ZeRO-3 and FSDP2 (DTensor) parameters: each of the two forwards gathers every layer's weights,
       twice the communication of one pass; and with gradients, FSDP2 does not re-gather the weights of a layer
       whose output gets no gradient, which the prompt pass's last layer is;
@@ -543,7 +545,7 @@ def scoring_sharing_blocker(model: nn.Module) -> str | None:
       checkpointing (the reentrant kind does not send gradients to tensors it is not passed, such as the cached
       prompt keys), and needs a transformers version with that flag.
     """
-    if parameter_layouts(model) - {PLAIN}:
+    if not one_pass and parameter_layouts(model) - {PLAIN}:
         return "ZeRO-3/FSDP2 parameters"
     if not torch.is_grad_enabled():
         return None
@@ -552,7 +554,7 @@ def scoring_sharing_blocker(model: nn.Module) -> str | None:
         or _dropout_in_config(text_config(model))
     ):
         return "dropout in a pass with gradients"
-    checkpointed = checkpointed_modules(model)
+    checkpointed = [] if one_pass else checkpointed_modules(model)
     if not checkpointed:
         return None
     if not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):
