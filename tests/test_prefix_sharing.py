@@ -234,6 +234,31 @@ def test_a_pass_that_cannot_use_the_cache_still_shares_in_inline_rows(model):
     assert shapes == [tuple(ids.shape)]
 
 
+def test_inline_rows_never_make_more_logits_than_the_plain_pass(model):
+    """Without `chunked_logprobs` the head computes logits at every position of a pass. One 30-token prompt with two
+    2-token completions: inline rows hold 30 + 1 + 1 = 32 positions where the plain pass keeps 2 × 3 logits, so the
+    pass packs on the cache instead (or, where the cache is ruled out, runs plain); with chunked log-probs, which
+    score the kept positions only, it runs inline."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.cat([torch.randint(3, 64, (1, 30), generator=g).repeat(2, 1), torch.randint(3, 64, (2, 2))], 1)
+    mask = torch.ones_like(ids)
+    shapes = _record_forward_shapes(model)
+    with torch.no_grad():
+        plain = score_completions(model, ids, mask, 2, 1.0).per_token_logps
+        for chunked, expected in ((False, [(1, 29), (2, 2)]), (True, [(1, 32)])):
+            shapes.clear()
+            logps = score_completions(
+                model, ids, mask, 2, 1.0, share_prefix=True, chunked_logprobs=chunked, packed=True
+            )
+            assert shapes == expected
+            torch.testing.assert_close(logps.per_token_logps, plain, atol=1e-5, rtol=0)
+    model.gradient_checkpointing_enable({"use_reentrant": True})  # no cache: inline rows or a plain pass
+    for chunked, expected in ((False, [(2, 32)]), (True, [(1, 32)])):
+        shapes.clear()
+        score_completions(model, ids, mask, 2, 1.0, share_prefix=True, chunked_logprobs=chunked, packed=True)
+        assert shapes == expected
+
+
 def test_nothing_to_share_uses_one_plain_pass(model):
     ids, mask, length = _batch(model.config.vocab_size, prompt_lengths=(6, 3), repeats=1)  # all prompts distinct
     shapes = _record_forward_shapes(model)
@@ -417,11 +442,13 @@ def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, c
     blocked = rope_type in LENGTH_SCALED and completion_length == 14
     grpo_scoring._LOGGED_BLOCKERS.clear()
     with torch.no_grad(), patch.object(grpo_scoring.logger, "info") as info:
-        plain = score_completions(model, ids, mask, completion_length, 1.0).per_token_logps
+        # inline: chunked log-probs, so that the rows are not limited to the plain pass's logit count
+        chunked = packed == "inline"
+        plain = score_completions(model, ids, mask, completion_length, 1.0, chunked_logprobs=chunked).per_token_logps
         shapes = _record_forward_shapes(model)
-        shared = score_completions(model, ids, mask, completion_length, 1.0, share_prefix=True, packed=packed)
-        shared = shared.per_token_logps
-        score_completions(model, ids, mask, completion_length, 1.0, share_prefix=True, packed=packed)
+        kwargs = dict(share_prefix=True, packed=packed, chunked_logprobs=chunked)
+        shared = score_completions(model, ids, mask, completion_length, 1.0, **kwargs).per_token_logps
+        score_completions(model, ids, mask, completion_length, 1.0, **kwargs)
     assert (shared - plain).abs().max() <= 1e-5
     if blocked:
         assert shapes == [tuple(ids.shape)] * 2

@@ -186,8 +186,9 @@ def score_completions(
             of every row as wide as the longest completion: no padded position but the rows' slack, one forward over
             the completions all the same; the same log-probs and gradients up to float rounding. `True` picks the
             layout by `pack_completions`' estimate: the rows on the prompts' shared cache (`"cache"`), or rows that
-            start with their prompt (`"inline"`: a single forward, no prompt pass; never for a length-scaled RoPE);
-            `"cache"` or `"inline"` forces one. Passes of a model that `prefix_sharing.packing_blocker` names a
+            start with their prompt (`"inline"`: a single forward, no prompt pass; never for a length-scaled RoPE,
+            and without `chunked_logprobs` only when its rows hold at most N × (L + 1) positions, the logits the plain
+            pass keeps); `"cache"` or `"inline"` forces one (`"auto"`: as `True`). Passes of a model that `prefix_sharing.packing_blocker` names a
             reason for run padded (logged once).
 
     Returns:
@@ -207,7 +208,7 @@ def score_completions(
         cache_blocker = "the MoE router loss" if compute_aux_loss else scoring_sharing_blocker(model)
         if cache_blocker is not None:
             share = inline_only = (
-                packed in (True, "inline")
+                packed not in (False, "cache")
                 and not compute_aux_loss
                 and packing_blocker(model) is None
                 and scoring_sharing_blocker(model, one_pass=True) is None
@@ -296,11 +297,17 @@ def score_completions(
                 # inline rows hold whole sequences, whose reach a length-scaled RoPE is not checked for here
                 layout = "cache" if length_scaled else ("inline" if inline_only or packed == "inline" else packed)
                 layout = "auto" if layout is True else layout
-                plan = pack_completions(ids, mask, prompt_length, shared[1], text_config(model).hidden_size, layout)
+                plan_args = (ids, mask, prompt_length, shared[1], text_config(model).hidden_size)
+                plan = pack_completions(*plan_args, layout)
                 if plan is not None and length_scaled:  # packed rows leave out empty completions: the positions
                     reach = int(plan.position_ids.max()) + 1  # they reach can fall on the prompt pass's other side
                     if rope_sharing_blocker(model, prefix_reach, reach) is not None:
                         plan = None
+                # without chunked log-probs the head makes logits at every position, the inline prompts' included:
+                # no more of them than the plain pass keeps (N × (L + 1))
+                if plan is not None and plan.inline and not chunked_logprobs:
+                    if plan.input_ids.numel() > ids.size(0) * (logits_to_keep + 1):
+                        plan = None if inline_only else pack_completions(*plan_args, "cache")
             if inline_only and (plan is None or not plan.inline):  # no cache to fall back on: one plain pass
                 if shared is not None:
                     _log_blocker(cache_blocker)

@@ -125,8 +125,9 @@ def inner_pass_model(model: nn.Module) -> tuple[nn.Module, object]:
 
     Under DDP and a DeepSpeed (ZeRO-0/1/2) engine: the model inside the wrapper (`extract_model_from_parallel`, which
     keeps PEFT and accelerate's mixed-precision forward, `keep_fp32_wrapper=True`), in the engine's `torch_autocast`
-    context (ZeRO-3 shares only in generation, with the weights gathered and DeepSpeed's hooks removed:
-    `scoring_sharing_blocker`, `grpo_generation.shared_prefix_blocker`).
+    context (ZeRO-3 makes no prompt pass in scoring, where it shares in `pack_completions`' inline rows only, and
+    shares in generation with the weights gathered and DeepSpeed's hooks removed: `scoring_sharing_blocker`,
+    `grpo_generation.shared_prefix_blocker`).
     Whether a pass shares is decided per process from its own data (prompt width, repeated prompts, RoPE lengths),
     and every forward of the wrapper takes part in collectives (DDP broadcasts its buffers, by default on each
     forward): the prompt pass must not add one on some ranks only. Its gradients still reach the parameters, through
