@@ -4,7 +4,7 @@
 Upstream TRL must live in its own virtual environment so that the two `trl` packages never meet, e.g.
 
     python3 -m venv /tmp/trl-upstream
-    /tmp/trl-upstream/bin/pip install torch==2.13.0          # pin torch: the CPU wheel, not a CUDA build
+    /tmp/trl-upstream/bin/pip install torch==2.13.0          # the CPU build (--index-url .../whl/cpu where needed)
     /tmp/trl-upstream/bin/pip install trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0
     /tmp/trl-upstream/bin/pip install peft==0.21.2 bitsandbytes==0.50.2   # what ours' test extras install
 
