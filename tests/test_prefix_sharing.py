@@ -598,9 +598,8 @@ def test_the_prefix_rows_gradient_is_the_same_in_every_run():
         torch.set_num_threads(threads)
 
 
-def test_pack_completions_lays_out_each_completion_on_its_prompt():
-    """A hand-worked packing: prompt A = [11, 12, 13] (rows 0-2), prompt B = [pad, 22, 23] (row 3); completions of
-    3, 1, 2 and 2 tokens. Rows of 3 (the longest), filled longest first: row 0; row 2 then row 1 (A); row 3 (B)."""
+def _hand_worked_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt A = [11, 12, 13] (rows 0-2), prompt B = [pad, 22, 23] (row 3); completions of 3, 1, 2 and 2 tokens."""
     ids = torch.tensor(
         [
             [11, 12, 13, 101, 102, 103],
@@ -610,6 +609,13 @@ def test_pack_completions_lays_out_each_completion_on_its_prompt():
         ]
     )
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0]])
+    return ids, mask
+
+
+def test_pack_completions_lays_out_each_completion_on_its_prompt():
+    """A hand-worked packing: prompt A = [11, 12, 13] (rows 0-2), prompt B = [pad, 22, 23] (row 3); completions of
+    3, 1, 2 and 2 tokens. Rows of 3 (the longest), filled longest first: row 0; row 2 then row 1 (A); row 3 (B)."""
+    ids, mask = _hand_worked_batch()
     plan = pack_completions(ids, mask, 3, torch.tensor([0, 0, 0, 1]))
     # each completion: its last prompt token, then its tokens but the last; slack (row 2's end) holds 0
     assert plan.input_ids.tolist() == [[13, 101, 102], [13, 121, 13], [23, 131, 0]]
@@ -640,15 +646,7 @@ def test_inline_packing_puts_each_prompt_at_the_start_of_its_row():
     """The batch of the test above, inline: prompt A = [11, 12, 13] (rows 0-2), B = [pad, 22, 23] (row 3). Segments
     are the completion tokens but the last (2, 0, 1, 1 positions); positions only in the estimate, so A's rows end to
     end (3 + 3) beat two rows of 3 + 2: [A | row 0 | row 2 | row 1 (empty)], [B | row 3 | slack]."""
-    ids = torch.tensor(
-        [
-            [11, 12, 13, 101, 102, 103],
-            [11, 12, 13, 111, 0, 0],
-            [11, 12, 13, 121, 122, 0],
-            [0, 22, 23, 131, 132, 0],
-        ]
-    )
-    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0]])
+    ids, mask = _hand_worked_batch()
     plan = pack_completions(ids, mask, 3, torch.tensor([0, 0, 0, 1]), 1e9, "inline")
     assert plan.inline and plan.rows.tolist() == [0, 3]
     assert plan.input_ids.tolist() == [[11, 12, 13, 101, 102, 121], [22, 23, 131, 0, 0, 0]]

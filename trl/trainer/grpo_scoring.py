@@ -188,8 +188,8 @@ def score_completions(
             layout by `pack_completions`' estimate: the rows on the prompts' shared cache (`"cache"`), or rows that
             start with their prompt (`"inline"`: a single forward, no prompt pass; never for a length-scaled RoPE,
             and without `chunked_logprobs` only when its rows hold at most N × (L + 1) positions, the logits the plain
-            pass keeps); `"cache"` or `"inline"` forces one (`"auto"`: as `True`). Passes of a model that `prefix_sharing.packing_blocker` names a
-            reason for run padded (logged once).
+            pass keeps); `"cache"` or `"inline"` forces one (`"auto"`: as `True`). Passes of a model that
+            `prefix_sharing.packing_blocker` names a reason for run padded (logged once).
 
     Returns:
         `Scores`.
