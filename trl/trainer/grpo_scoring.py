@@ -295,8 +295,9 @@ def score_completions(
             )
             if shared is not None and packed:
                 # inline rows hold whole sequences, whose reach a length-scaled RoPE is not checked for here
-                layout = "cache" if length_scaled else ("inline" if inline_only or packed == "inline" else packed)
-                layout = "auto" if layout is True else layout
+                layout = (
+                    "cache" if length_scaled else "inline" if inline_only else "auto" if packed is True else packed
+                )
                 plan_args = (ids, mask, prompt_length, shared[1], text_config(model).hidden_size)
                 plan = pack_completions(*plan_args, layout)
                 if plan is not None and length_scaled:  # packed rows leave out empty completions: the positions
@@ -313,7 +314,7 @@ def score_completions(
                     _log_blocker(cache_blocker)
                 shared = plan = None
             if shared is not None and (plan is None or not plan.inline):
-                cache = shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True)
+                cache = shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True, 0, shared)
                 if cache is None:
                     plan = None
                     if sink[0] is not None:  # a prompt pass whose cache is not used: its lookup gets no gradient,

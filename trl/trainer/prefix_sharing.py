@@ -182,6 +182,7 @@ def shared_prefix_cache(
     prompt_mask: torch.Tensor,
     read_only: bool = False,
     room: int = 0,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> DynamicCache | None:
     """The KV cache of every prompt row but its last token, computed once per distinct prompt.
 
@@ -199,6 +200,8 @@ def shared_prefix_cache(
             last, i.e. `max_new_tokens`); each full-attention layer then writes them in place into buffers of that
             size instead of concatenating its whole cache at every step (the same keys and values). 0: grown by
             concatenation, as `DynamicCache` does.
+        shared: what `shared_prompts(model, prompt_ids, prompt_mask, read_only)` returned for these prompts, when the
+            caller already has it (not `None`); else it is computed here.
 
     Returns:
         A `DynamicCache` of length P - 1 for the N rows (`read_only`: it keeps the U distinct prompts and expands
@@ -206,7 +209,7 @@ def shared_prefix_cache(
         the prompts are not left-padded (a row whose last token is padding), or for PEFT prompt learning (prompt or
         prefix tuning adds its own tokens to every forward).
     """
-    shared = shared_prompts(model, prompt_ids, prompt_mask, full_attention=read_only)
+    shared = shared or shared_prompts(model, prompt_ids, prompt_mask, full_attention=read_only)
     if shared is None:
         return None
     first, inverse = shared
@@ -404,17 +407,16 @@ def pack_completions(
     for r, segments in enumerate(bins):
         first = segments[0][0]
         tokens = int(prompt_tokens[first])
-        lead = tokens if inline else 0
+        # inline: the prompt, then tokens 0 .. count-2 from position `tokens`; cache: the last prompt token, then those
+        lead, first_position = (tokens, tokens) if inline else (0, tokens - 1)
         if inline:  # the prompt's attended tokens at positions 0, 1, ...
             ids[r, :lead] = input_ids[first, prompt_length - lead : prompt_length]
             positions[r, :lead] = torch.arange(lead, device=device)
             segment[r, :lead] = -2
         for row, offset in segments:
             count, at = lengths[row], r * width + lead + offset
-            # inline: tokens 0 .. count-2 at their positions; cache: the last prompt token, then those
             start, span = (prompt_length, count - 1) if inline else (cached, count)
             ids[r, lead + offset : lead + offset + span] = input_ids[row, start : start + span]
-            first_position = tokens if inline else tokens - 1
             positions[r, lead + offset : lead + offset + span] = torch.arange(
                 first_position, first_position + span, device=device
             )
