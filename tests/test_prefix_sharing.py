@@ -195,14 +195,15 @@ def test_reentrant_checkpointing_falls_back_to_plain_passes(model):
         assert scoring_sharing_blocker(model) is None  # nothing is checkpointed without gradients
     ids, mask, length = _batch(model.config.vocab_size)
     shapes = _record_forward_shapes(model)
-    # logged once per process
-    grpo_scoring._LOGGED_BLOCKERS.discard(("shared_prefix_scoring", "reentrant gradient checkpointing"))
+    # logged once per process, with why the inline rows (which need no cache) were not used either
+    grpo_scoring._LOGGED_BLOCKERS.clear()
     with patch.object(grpo_scoring.logger, "info") as info:
         score_completions(model, ids, mask, length, 1.0, share_prefix=True)
         score_completions(model, ids, mask, length, 1.0, share_prefix=True)
     assert shapes == [tuple(ids.shape)] * 2
     info.assert_called_once_with(
-        "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing)."
+        "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing; no rows that start "
+        "with their prompt either: packed_completion_scoring=False)."
     )
 
 
@@ -224,14 +225,49 @@ def test_a_pass_that_cannot_use_the_cache_still_shares_in_inline_rows(model):
         assert grad.abs().max() > 0, name
         torch.testing.assert_close(inline[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
     shapes.clear()
-    _score_and_grads(model, ids, mask, length, share=True, packed="cache")
+    grpo_scoring._LOGGED_BLOCKERS.clear()
+    with patch.object(grpo_scoring.logger, "info") as info:
+        _score_and_grads(model, ids, mask, length, share=True, packed="cache")
     assert shapes == [tuple(ids.shape)]
+    plain_because = "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing; no rows "
+    info.assert_called_once_with(
+        f"{plain_because}that start with their prompt either: packed_completion_scoring='cache')."
+    )
     # dropout rules out both: the rows of a prompt would share one dropout mask over it
     model.config.attention_dropout = 0.1
     assert scoring_sharing_blocker(model, one_pass=True) == "dropout in a pass with gradients"
     shapes.clear()
-    _score_and_grads(model, ids, mask, length, share=True, packed=True)
+    with patch.object(grpo_scoring.logger, "info") as info:
+        _score_and_grads(model, ids, mask, length, share=True, packed=True)
     assert shapes == [tuple(ids.shape)]
+    # the cache's reason is the inline rows' too: said once
+    info.assert_called_once_with(
+        "shared_prefix_scoring: some log-prob passes run plain (dropout in a pass with gradients)."
+    )
+
+
+@pytest.mark.parametrize(
+    "hole, reason",
+    [
+        ((slice(0, 4), 1), "prompts that are not left-padded"),  # a masked token inside the first prompt
+        ((0, 7), "no completion token, or a completion mask with a gap"),  # a masked token inside a completion
+    ],
+)
+def test_a_pass_without_cache_or_inline_rows_says_why(model, hole, reason):
+    """Where the cache is ruled out (reentrant checkpointing) and a pass's rows cannot start with their prompt, it
+    runs plain and the log says which of its rows stood in the way."""
+    ids, mask, length = _batch(model.config.vocab_size)
+    mask[hole] = 0
+    model.gradient_checkpointing_enable({"use_reentrant": True})
+    shapes = _record_forward_shapes(model)
+    grpo_scoring._LOGGED_BLOCKERS.clear()
+    with patch.object(grpo_scoring.logger, "info") as info:
+        _score_and_grads(model, ids, mask, length, share=True, packed=True)
+    assert shapes == [tuple(ids.shape)]
+    info.assert_called_once_with(
+        "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing; this pass's rows do "
+        f"not start with their prompt: {reason})."
+    )
 
 
 def test_inline_rows_never_make_more_logits_than_the_plain_pass(model):
@@ -253,10 +289,19 @@ def test_inline_rows_never_make_more_logits_than_the_plain_pass(model):
             assert shapes == expected
             torch.testing.assert_close(logps.per_token_logps, plain, atol=1e-5, rtol=0)
     model.gradient_checkpointing_enable({"use_reentrant": True})  # no cache: inline rows or a plain pass
+    grpo_scoring._LOGGED_BLOCKERS.clear()
     for chunked, expected in ((False, [(2, 32)]), (True, [(1, 32)])):
         shapes.clear()
-        score_completions(model, ids, mask, 2, 1.0, share_prefix=True, chunked_logprobs=chunked, packed=True)
+        with patch.object(grpo_scoring.logger, "info") as info:
+            score_completions(model, ids, mask, 2, 1.0, share_prefix=True, chunked_logprobs=chunked, packed=True)
         assert shapes == expected
+        if chunked:
+            info.assert_not_called()
+        else:
+            info.assert_called_once_with(
+                "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing; this pass's "
+                "rows do not start with their prompt: more logits than the plain pass without chunked_logprobs)."
+            )
 
 
 def test_nothing_to_share_uses_one_plain_pass(model):

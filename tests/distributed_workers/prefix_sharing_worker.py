@@ -1,7 +1,8 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Worker for tests/test_distributed.py, started with `torchrun --nproc_per_node 2` (gloo, CPU).
+"""Worker for tests/test_distributed.py, started with `torchrun --nproc_per_node 2` (gloo, CPU), or for `fsdp2` with
+`accelerate launch --config_file trl/accelerate_configs/fsdp2.yaml --num_processes 2 --mixed_precision no`.
 
-    prefix_sharing_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, ddp_diverge}
+    prefix_sharing_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, fsdp2, ddp_diverge}
 
 Each rank trains the same 2 GRPO steps twice from the same seed, with `shared_prefix_scoring=False` and then `True`,
 at the default sharing threshold (`MIN_SHARED_PREFIX_TOKENS`, not patched): the prompts have 24 tokens. In
@@ -12,8 +13,9 @@ rank 0 (`packed_completion_scoring`, a 4-D mask) while rank 1 runs padded rows. 
 the logged loss, entropy and gradient norm of every step, the per-token log-probs of every scoring pass
 (reference and training passes), and how many scoring passes shared their prompts (calls of `shared_prefix_cache`
 that returned a cache, or packed rows that hold their prompt), with and without gradients. It writes them to
-`OUT_DIR/<mode>_rank<r>.json`. `zero3` (DeepSpeed ZeRO-3) shares in packed rows only: its parameters rule out the
-prompt cache.
+`OUT_DIR/<mode>_rank<r>.json`. `zero3` (DeepSpeed ZeRO-3) and `fsdp2` (accelerate's FSDP2 plugin, kept on CPU
+processes by `fsdp2_trainer_worker.enable_fsdp_on_cpu`) share in packed rows only: their parameters rule out the prompt
+cache.
 """
 
 import os
@@ -140,6 +142,10 @@ def main() -> None:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")
+    if mode == "fsdp2":
+        from fsdp2_trainer_worker import enable_fsdp_on_cpu
+
+        enable_fsdp_on_cpu()
     result = {str(share): train(model_dir, out_dir, mode, share) for share in (False, True)}
     finish(mode, out_dir, result)
 

@@ -207,15 +207,12 @@ def score_completions(
     if share:
         cache_blocker = "the MoE router loss" if compute_aux_loss else scoring_sharing_blocker(model)
         if cache_blocker is not None:
-            share = inline_only = (
-                packed not in (False, "cache")
-                and not compute_aux_loss
-                and packing_blocker(model) is None
-                and scoring_sharing_blocker(model, one_pass=True) is None
-                and not length_scaled_ropes(model)
-            )
+            inline_blocker = _inline_blocker(model, packed, compute_aux_loss)
+            share = inline_only = inline_blocker is None
+            if inline_blocker not in (None, cache_blocker):
+                inline_blocker = f"{cache_blocker}; no rows that start with their prompt either: {inline_blocker}"
             if not share:
-                _log_blocker(cache_blocker)
+                _log_blocker(inline_blocker)
     # a RoPE whose frequencies follow the sequence length: decided per pass from the lengths it sees
     length_scaled = share and prompt_length > 1 and bool(length_scaled_ropes(model))
     # a MoE model whose config asks for router logits would pair them with the whole attention mask
@@ -289,7 +286,7 @@ def score_completions(
                 if blocker is not None:
                     share_here = False
                     _log_blocker(blocker)
-            cache = plan = None
+            cache = plan = refused = None  # `refused`: why inline rows were not used
             shared = (
                 shared_prompts(model, ids[:, :prompt_length], mask[:, :prompt_length], True) if share_here else None
             )
@@ -308,10 +305,15 @@ def score_completions(
                 # no more of them than the plain pass keeps (N × (L + 1))
                 if plan is not None and plan.inline and not chunked_logprobs:
                     if plan.input_ids.numel() > ids.size(0) * (logits_to_keep + 1):
+                        refused = "more logits than the plain pass without chunked_logprobs"
                         plan = None if inline_only else pack_completions(*plan_args, "cache")
             if inline_only and (plan is None or not plan.inline):  # no cache to fall back on: one plain pass
                 if shared is not None:
-                    _log_blocker(cache_blocker)
+                    if plan is not None:
+                        refused = "prompts that are not left-padded"
+                    elif refused is None:
+                        refused = "no completion token, or a completion mask with a gap"
+                    _log_blocker(f"{cache_blocker}; this pass's rows do not start with their prompt: {refused}")
                 shared = plan = None
             if shared is not None and (plan is None or not plan.inline):
                 cache = shared_prefix_cache(model, ids[:, :prompt_length], mask[:, :prompt_length], True, 0, shared)
@@ -439,6 +441,18 @@ def sparse_tied_embedding_grad(model: nn.Module, sink_of=lambda: None):
         return
     with tied_lookups(embedding, sink_of):
         yield embedding
+
+
+def _inline_blocker(model: nn.Module, packed: bool | str, compute_aux_loss: bool) -> str | None:
+    """Why `model`'s passes cannot share their prompts in rows that start with them (`pack_completions`' inline
+    layout), or `None`: the one way to share where the prompt cache is ruled out."""
+    if packed in (False, "cache"):
+        return f"packed_completion_scoring={packed!r}"
+    if compute_aux_loss:
+        return "the MoE router loss"
+    if ropes := length_scaled_ropes(model):
+        return f"a RoPE whose frequencies follow the sequence length ({ropes[0][0]!r})"
+    return packing_blocker(model) or scoring_sharing_blocker(model, one_pass=True)
 
 
 def _log_blocker(blocker: str, field: str = "shared_prefix_scoring") -> None:
