@@ -330,6 +330,7 @@ def test_shared_prefix_scoring_trains_as_plain_scoring(mode, policy_type, reques
         # one reference and one training pass per step shared their prompts, in rows that start with their prompt
         # (24-token prompts, completions of at most 6: the inline layout is estimated cheaper); the plain run never did
         assert shared["shared"] == {"with_gradients": 2, "without_gradients": 2} and shared["inline_passes"] == 4
+        assert shared["plain_pass_logs"] == []
         assert plain["shared"] == {"with_gradients": 0, "without_gradients": 0}
         assert len(plain["steps"]) == len(shared["steps"]) == 2
         for ours, reference in zip(shared["steps"], plain["steps"]):

@@ -270,38 +270,30 @@ def test_a_pass_without_cache_or_inline_rows_says_why(model, hole, reason):
     )
 
 
-def test_inline_rows_never_make_more_logits_than_the_plain_pass(model):
-    """Without `chunked_logprobs` the head computes logits at every position of a pass. One 30-token prompt with two
-    2-token completions: inline rows hold 30 + 1 + 1 = 32 positions where the plain pass keeps 2 × 3 logits, so the
-    pass packs on the cache instead (or, where the cache is ruled out, runs plain); with chunked log-probs, which
-    score the kept positions only, it runs inline."""
+def test_inline_rows_make_logits_only_where_a_completion_token_is_predicted(model):
+    """Without `chunked_logprobs` the LM head makes logits at every position the model hands it. One 30-token prompt
+    with two 2-token completions: the inline row holds 30 + 1 + 1 = 32 positions, of which 3 predict a completion
+    token (the prompt's last, for both first tokens, then each completion's first), so the head sees those 3 (the
+    plain pass: 2 rows × 3), none of the prompt's others; the log-probs, entropies and gradients are the plain pass's.
+    The same where the prompt cache is ruled out (reentrant checkpointing: inline rows or nothing)."""
     g = torch.Generator().manual_seed(0)
     ids = torch.cat([torch.randint(3, 64, (1, 30), generator=g).repeat(2, 1), torch.randint(3, 64, (2, 2))], 1)
     mask = torch.ones_like(ids)
+    head_inputs = []
+    model.get_output_embeddings().register_forward_hook(lambda m, args, out: head_inputs.append(args[0].shape))
+    plain = _score_and_grads(model, ids, mask, 2, share=False)
+    assert head_inputs == [(2, 3, model.config.hidden_size)]
     shapes = _record_forward_shapes(model)
-    with torch.no_grad():
-        plain = score_completions(model, ids, mask, 2, 1.0).per_token_logps
-        for chunked, expected in ((False, [(1, 29), (2, 2)]), (True, [(1, 32)])):
-            shapes.clear()
-            logps = score_completions(
-                model, ids, mask, 2, 1.0, share_prefix=True, chunked_logprobs=chunked, packed=True
-            )
-            assert shapes == expected
-            torch.testing.assert_close(logps.per_token_logps, plain, atol=1e-5, rtol=0)
-    model.gradient_checkpointing_enable({"use_reentrant": True})  # no cache: inline rows or a plain pass
-    grpo_scoring._LOGGED_BLOCKERS.clear()
-    for chunked, expected in ((False, [(2, 32)]), (True, [(1, 32)])):
-        shapes.clear()
-        with patch.object(grpo_scoring.logger, "info") as info:
-            score_completions(model, ids, mask, 2, 1.0, share_prefix=True, chunked_logprobs=chunked, packed=True)
-        assert shapes == expected
-        if chunked:
-            info.assert_not_called()
-        else:
-            info.assert_called_once_with(
-                "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing; this pass's "
-                "rows do not start with their prompt: more logits than the plain pass without chunked_logprobs)."
-            )
+    for reentrant in (False, True):
+        if reentrant:
+            model.gradient_checkpointing_enable({"use_reentrant": True})
+        shapes.clear(), head_inputs.clear()
+        inline = _score_and_grads(model, ids, mask, 2, share=True, packed="inline" if not reentrant else True)
+        assert shapes == [(1, 32)] and head_inputs == [(3, model.config.hidden_size)]
+        torch.testing.assert_close(inline[0], plain[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(inline[1], plain[1], atol=1e-5, rtol=0)
+        for name, grad in plain[2].items():
+            torch.testing.assert_close(inline[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
 
 
 def test_nothing_to_share_uses_one_plain_pass(model):

@@ -12,7 +12,8 @@ the vocabulary stops a completion (`generation_kwargs`), so completions of diffe
 rank 0 (`packed_completion_scoring`, a 4-D mask) while rank 1 runs padded rows. It records
 the logged loss, entropy and gradient norm of every step, the per-token log-probs of every scoring pass
 (reference and training passes), and how many scoring passes shared their prompts (calls of `shared_prefix_cache`
-that returned a cache, or packed rows that hold their prompt), with and without gradients. It writes them to
+that returned a cache, or forwards over packed rows that hold their prompt), with and without gradients, and the
+lines the scoring logged about passes that did not share or pack. It writes them to
 `OUT_DIR/<mode>_rank<r>.json`. `zero3` (DeepSpeed ZeRO-3) and `fsdp2` (accelerate's FSDP2 plugin, kept on CPU
 processes by `fsdp2_trainer_worker.enable_fsdp_on_cpu`) share in packed rows only: their parameters rule out the prompt
 cache.
@@ -83,16 +84,27 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
 
     shared = {"with_gradients": 0, "without_gradients": 0}
     make_cache, score = grpo_scoring.shared_prefix_cache, grpo_trainer.score_completions
-    pack, packed, inline = grpo_scoring.pack_completions, [0], [0]
+    pack, packed, inline, plans = grpo_scoring.pack_completions, [0], [0], []
+    packed_mask, plain_logs, log_info = grpo_scoring.packed_attention_mask, [], grpo_scoring.logger.info
 
     def counting_packs(*a, **k):  # passes with at least one row that holds two completions
         plan = pack(*a, **k)
         if plan is not None and plan.input_ids.size(0) < a[0].size(0):
             packed[0] += 1
-        if plan is not None and plan.inline:  # a shared pass without a cache: rows that start with their prompt
+        plans.append(plan)
+        return plan
+
+    def counting_masks(model, mask):  # called for the packed rows a pass does run on
+        if any(plan is not None and plan.inline and plan.attention_mask is mask for plan in plans):
+            # a shared pass without a cache: rows that start with their prompt
             shared["with_gradients" if torch.is_grad_enabled() else "without_gradients"] += 1
             inline[0] += 1
-        return plan
+        return packed_mask(model, mask)
+
+    def recording_info(message, *a, **k):
+        if str(message).startswith(("shared_prefix_scoring:", "packed_completion_scoring:")):
+            plain_logs.append(str(message))
+        return log_info(message, *a, **k)
 
     logps: list[list] = []
 
@@ -110,6 +122,9 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     grpo_scoring.shared_prefix_cache = counting_cache
     grpo_trainer.score_completions = recording_score
     grpo_scoring.pack_completions = counting_packs
+    grpo_scoring.packed_attention_mask = counting_masks
+    grpo_scoring.logger.info = recording_info
+    grpo_scoring._LOGGED_BLOCKERS.clear()
     try:
         trainer = GRPOTrainer(
             model=model_dir,
@@ -123,6 +138,8 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         grpo_scoring.shared_prefix_cache = make_cache
         grpo_trainer.score_completions = score
         grpo_scoring.pack_completions = pack
+        grpo_scoring.packed_attention_mask = packed_mask
+        grpo_scoring.logger.info = log_info
     history = [log for log in trainer.state.log_history if "grad_norm" in log]
     return {
         "steps": [{k: log[k] for k in ("loss", "entropy", "grad_norm")} for log in history],
@@ -130,6 +147,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         "shared": shared,
         "packed_passes": packed[0],
         "inline_passes": inline[0],
+        "plain_pass_logs": plain_logs,
         "prompt_tokens": prompt_tokens,
         "threshold": grpo_scoring.MIN_SHARED_PREFIX_TOKENS,
         "policy_type": type(trainer.model_wrapped).__name__,

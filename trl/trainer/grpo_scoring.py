@@ -187,8 +187,8 @@ def score_completions(
             the completions all the same; the same log-probs and gradients up to float rounding. `True` picks the
             layout by `pack_completions`' estimate: the rows on the prompts' shared cache (`"cache"`), or rows that
             start with their prompt (`"inline"`: a single forward, no prompt pass; never for a length-scaled RoPE,
-            and without `chunked_logprobs` only when its rows hold at most N × (L + 1) positions, the logits the plain
-            pass keeps); `"cache"` or `"inline"` forces one (`"auto"`: as `True`). Passes of a model that
+            and without `chunked_logprobs` with logits at the positions that predict a completion token only, a
+            boolean `logits_to_keep`); `"cache"` or `"inline"` forces one (`"auto"`: as `True`). Passes of a model that
             `prefix_sharing.packing_blocker` names a reason for run padded (logged once).
 
     Returns:
@@ -286,7 +286,7 @@ def score_completions(
                 if blocker is not None:
                     share_here = False
                     _log_blocker(blocker)
-            cache = plan = refused = None  # `refused`: why inline rows were not used
+            cache = plan = None
             shared = (
                 shared_prompts(model, ids[:, :prompt_length], mask[:, :prompt_length], True) if share_here else None
             )
@@ -295,24 +295,18 @@ def score_completions(
                 layout = (
                     "cache" if length_scaled else "inline" if inline_only else "auto" if packed is True else packed
                 )
-                plan_args = (ids, mask, prompt_length, shared[1], text_config(model).hidden_size)
-                plan = pack_completions(*plan_args, layout)
+                plan = pack_completions(ids, mask, prompt_length, shared[1], text_config(model).hidden_size, layout)
                 if plan is not None and length_scaled:  # packed rows leave out empty completions: the positions
                     reach = int(plan.position_ids.max()) + 1  # they reach can fall on the prompt pass's other side
                     if rope_sharing_blocker(model, prefix_reach, reach) is not None:
                         plan = None
-                # without chunked log-probs the head makes logits at every position, the inline prompts' included:
-                # no more of them than the plain pass keeps (N × (L + 1))
-                if plan is not None and plan.inline and not chunked_logprobs:
-                    if plan.input_ids.numel() > ids.size(0) * (logits_to_keep + 1):
-                        refused = "more logits than the plain pass without chunked_logprobs"
-                        plan = None if inline_only else pack_completions(*plan_args, "cache")
             if inline_only and (plan is None or not plan.inline):  # no cache to fall back on: one plain pass
                 if shared is not None:
-                    if plan is not None:
-                        refused = "prompts that are not left-padded"
-                    elif refused is None:
-                        refused = "no completion token, or a completion mask with a gap"
+                    refused = (
+                        "prompts that are not left-padded"
+                        if plan is not None
+                        else "no completion token, or a completion mask with a gap"
+                    )
                     _log_blocker(f"{cache_blocker}; this pass's rows do not start with their prompt: {refused}")
                 shared = plan = None
             if shared is not None and (plan is None or not plan.inline):
@@ -322,17 +316,20 @@ def score_completions(
                     if sink[0] is not None:  # a prompt pass whose cache is not used: its lookup gets no gradient,
                         sink[0] = TiedGradSink()  # so the plain pass counts on a new sink
             if plan is not None and plan.inline:  # one pass: each row holds its prompt, then its completions
+                keep, source = 0, plan.source  # chunked log-probs read the head's input at `source` only
+                if not chunked_logprobs:  # logits at the positions that predict a target only, none over the prompts
+                    keep, source = _positions_to_keep(plan)
                 outputs = model(
                     input_ids=plan.input_ids,
                     attention_mask=packed_attention_mask(model, plan.attention_mask),
                     position_ids=plan.position_ids,
-                    logits_to_keep=0,
+                    logits_to_keep=keep,
                     use_cache=False,
                     **no_router_logits,
                 )
                 logp, entropy = (
                     None if v is None else unpacked(v[0], plan.dest, ids.size(0), logits_to_keep)
-                    for v in scored(outputs, plan.targets[None], plan.source)
+                    for v in scored(outputs, plan.targets[None], source)
                 )
             elif cache is None:
                 extra = {"output_router_logits": True} if compute_aux_loss else {}
@@ -441,6 +438,16 @@ def sparse_tied_embedding_grad(model: nn.Module, sink_of=lambda: None):
         return
     with tied_lookups(embedding, sink_of):
         yield embedding
+
+
+def _positions_to_keep(plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """For an inline `plan`: the `(rows, W)` bool `logits_to_keep` that makes the model's head compute logits only at
+    the positions of `plan.source` (transformers' `slice_logits_to_keep`: the kept positions come flattened, in row
+    order), and `plan.source` as indices into those `(K, V)` logits (a prompt's last position is kept once and read
+    once per completion it starts)."""
+    keep = torch.zeros(plan.input_ids.numel(), dtype=torch.bool, device=plan.input_ids.device)
+    keep[plan.source] = True
+    return keep.view_as(plan.input_ids), (keep.cumsum(0) - 1)[plan.source]
 
 
 def _inline_blocker(model: nn.Module, packed: bool | str, compute_aux_loss: bool) -> str | None:
