@@ -275,7 +275,8 @@ def test_inline_rows_make_logits_only_where_a_completion_token_is_predicted(mode
     with two 2-token completions: the inline row holds 30 + 1 + 1 = 32 positions, of which 3 predict a completion
     token (the prompt's last, for both first tokens, then each completion's first), so the head sees those 3 (the
     plain pass: 2 rows × 3), none of the prompt's others; the log-probs, entropies and gradients are the plain pass's.
-    The same where the prompt cache is ruled out (reentrant checkpointing: inline rows or nothing)."""
+    The same where the prompt cache is ruled out (reentrant checkpointing: inline rows or nothing). A model class from
+    outside transformers (remote code may read `logits_to_keep` as an int only) gets 0: logits at all 32 positions."""
     g = torch.Generator().manual_seed(0)
     ids = torch.cat([torch.randint(3, 64, (1, 30), generator=g).repeat(2, 1), torch.randint(3, 64, (2, 2))], 1)
     mask = torch.ones_like(ids)
@@ -290,10 +291,19 @@ def test_inline_rows_make_logits_only_where_a_completion_token_is_predicted(mode
         shapes.clear(), head_inputs.clear()
         inline = _score_and_grads(model, ids, mask, 2, share=True, packed="inline" if not reentrant else True)
         assert shapes == [(1, 32)] and head_inputs == [(3, model.config.hidden_size)]
-        torch.testing.assert_close(inline[0], plain[0], atol=1e-5, rtol=0)
-        torch.testing.assert_close(inline[1], plain[1], atol=1e-5, rtol=0)
-        for name, grad in plain[2].items():
-            torch.testing.assert_close(inline[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
+        _assert_same_scores(inline, plain)
+    model.__class__ = type("RemoteCodeLM", (type(model),), {})  # defined here: its module is not transformers'
+    shapes.clear(), head_inputs.clear()
+    _assert_same_scores(_score_and_grads(model, ids, mask, 2, share=True, packed=True), plain)
+    assert shapes == [(1, 32)] and head_inputs == [(1, 32, model.config.hidden_size)]
+
+
+def _assert_same_scores(scores, reference):
+    """`_score_and_grads` results: log-probs and entropies to 1e-5, gradients to 1e-5 of their largest entry."""
+    torch.testing.assert_close(scores[0], reference[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(scores[1], reference[1], atol=1e-5, rtol=0)
+    for name, grad in reference[2].items():
+        torch.testing.assert_close(scores[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
 
 
 def test_nothing_to_share_uses_one_plain_pass(model):
@@ -479,11 +489,9 @@ def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, c
     blocked = rope_type in LENGTH_SCALED and completion_length == 14
     grpo_scoring._LOGGED_BLOCKERS.clear()
     with torch.no_grad(), patch.object(grpo_scoring.logger, "info") as info:
-        # inline: chunked log-probs, so that the rows are not limited to the plain pass's logit count
-        chunked = packed == "inline"
-        plain = score_completions(model, ids, mask, completion_length, 1.0, chunked_logprobs=chunked).per_token_logps
+        plain = score_completions(model, ids, mask, completion_length, 1.0).per_token_logps
         shapes = _record_forward_shapes(model)
-        kwargs = dict(share_prefix=True, packed=packed, chunked_logprobs=chunked)
+        kwargs = dict(share_prefix=True, packed=packed)
         shared = score_completions(model, ids, mask, completion_length, 1.0, **kwargs).per_token_logps
         score_completions(model, ids, mask, completion_length, 1.0, **kwargs)
     assert (shared - plain).abs().max() <= 1e-5

@@ -317,8 +317,8 @@ def score_completions(
                         sink[0] = TiedGradSink()  # so the plain pass counts on a new sink
             if plan is not None and plan.inline:  # one pass: each row holds its prompt, then its completions
                 keep, source = 0, plan.source  # chunked log-probs read the head's input at `source` only
-                if not chunked_logprobs:  # logits at the positions that predict a target only, none over the prompts
-                    keep, source = _positions_to_keep(plan)
+                if not chunked_logprobs and _takes_boolean_logits_to_keep(model):  # logits where a target is
+                    keep, source = _positions_to_keep(plan)  # predicted only, none over the rest of the prompts
                 outputs = model(
                     input_ids=plan.input_ids,
                     attention_mask=packed_attention_mask(model, plan.attention_mask),
@@ -448,6 +448,17 @@ def _positions_to_keep(plan) -> tuple[torch.Tensor, torch.Tensor]:
     keep = torch.zeros(plan.input_ids.numel(), dtype=torch.bool, device=plan.input_ids.device)
     keep[plan.source] = True
     return keep.view_as(plan.input_ids), (keep.cumsum(0) - 1)[plan.source]
+
+
+def _takes_boolean_logits_to_keep(model: nn.Module) -> bool:
+    """Whether `model` (through DDP/DeepSpeed/FSDP and PEFT wrappers) is a transformers model class, whose forward
+    hands a boolean `logits_to_keep` to `slice_logits_to_keep` (transformers >= 5.24), with its weights on one device
+    (under a `device_map` over several the mask, on the inputs' device, would index hidden states on another). Remote
+    code may read `logits_to_keep` as an int only: it gets 0 (logits at every position) instead."""
+    inner = extract_model_from_parallel(model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    devices = set((getattr(inner, "hf_device_map", None) or {}).values())
+    return type(inner).__module__.startswith("transformers.models.") and len(devices) <= 1
 
 
 def _inline_blocker(model: nn.Module, packed: bool | str, compute_aux_loss: bool) -> str | None:
