@@ -209,10 +209,10 @@ def score_completions(
         if cache_blocker is not None:
             inline_blocker = _inline_blocker(model, packed, compute_aux_loss)
             share = inline_only = inline_blocker is None
-            if inline_blocker not in (None, cache_blocker):
-                inline_blocker = f"{cache_blocker}; no rows that start with their prompt either: {inline_blocker}"
-            if not share:
-                _log_blocker(inline_blocker)
+            if inline_blocker == cache_blocker:  # dropout, the router loss: one reason for both
+                _log_blocker(cache_blocker)
+            elif inline_blocker is not None:
+                _log_blocker(f"{cache_blocker}; no rows that start with their prompt either: {inline_blocker}")
     # a RoPE whose frequencies follow the sequence length: decided per pass from the lengths it sees
     length_scaled = share and prompt_length > 1 and bool(length_scaled_ropes(model))
     # a MoE model whose config asks for router logits would pair them with the whole attention mask
