@@ -284,11 +284,13 @@ def _worker(args) -> None:
             self.times, self.cpu_times, self._start, self._cpu_start = [], [], None, None
             self.parts = []  # per step: {part: (wall s, CPU s)}
             self.peaks = []  # per step: {part: peak RSS MB}
+            self.faults, self.sys_times, self._usage = [], [], None  # per step: minor page faults, system CPU s
 
         def on_step_begin(self, args, state, control, **kwargs):
             parts.reset()
             parts.set_phase("step_other")
             self._start, self._cpu_start = time.perf_counter(), time.process_time()
+            self._usage = resource.getrusage(resource.RUSAGE_SELF)
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             parts.start("optimizer")
@@ -300,7 +302,10 @@ def _worker(args) -> None:
             wall, cpu = time.perf_counter() - self._start, time.process_time() - self._cpu_start
             self.times.append(wall)
             self.cpu_times.append(cpu)
-            self.parts.append(parts.breakdown(wall, cpu))
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            self.faults.append(usage.ru_minflt - self._usage.ru_minflt)
+            self.sys_times.append(usage.ru_stime - self._usage.ru_stime)
+            self.parts.append(parts.breakdown(wall, cpu, self.faults[-1]))
             self.peaks.append(parts.peak_breakdown())
 
     kwargs = dict(COMMON)
@@ -335,6 +340,8 @@ def _worker(args) -> None:
         sync=args.sync,
         times=timer.times,
         cpu_times=timer.cpu_times,
+        faults=timer.faults,
+        sys_times=timer.sys_times,
         parts=timer.parts,
         gemm_ms=gemm.ms_per_step if gemm is not None else None,
         peak_rss_mb=peak_rss_mb,
@@ -437,22 +444,29 @@ class _PartClock:
         self._mark_high_water(self._active[-1] if self._active else "step_other")
         self._active = (name,)
 
+    @staticmethod
+    def _now():
+        """(wall s, CPU s, minor page faults so far) of this process."""
+        import resource
+
+        return time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
     def start(self, name):
         self._mark_high_water(self._active[-1] if self._active else "step_other")
-        depth, *begin = self._open.get(name, (0, None, None))
-        self._open[name] = (depth + 1, *(begin if depth else (time.perf_counter(), time.process_time())))
+        depth, *begin = self._open.get(name, (0, None))
+        self._open[name] = (depth + 1, *(begin if depth else [self._now()]))
         self._active = tuple(self._open)
 
     def stop(self, name):
         self._mark_high_water(name)
-        depth, wall, cpu = self._open[name]
+        depth, begin = self._open[name]
         if depth > 1:
-            self._open[name] = (depth - 1, wall, cpu)
+            self._open[name] = (depth - 1, begin)
             return
         del self._open[name]
         self._active = tuple(self._open) or ("step_other",)
-        w, c = self.totals.get(name, (0.0, 0.0))
-        self.totals[name] = (w + time.perf_counter() - wall, c + time.process_time() - cpu)
+        total = self.totals.get(name, (0.0, 0.0, 0))
+        self.totals[name] = tuple(t + now - then for t, now, then in zip(total, self._now(), begin))
 
     def wrap(self, name, fn, when=None):
         def timed(*a, **k):
@@ -466,16 +480,18 @@ class _PartClock:
 
         return timed
 
-    def breakdown(self, wall, cpu):
-        """{part: (wall, cpu)} with the nested parts taken out of their parents and "other" = the rest."""
-        t = {name: self.totals.get(name, (0.0, 0.0)) for name in ("generate", "reward", "ref_old_logps")}
-        prepare = self.totals.get("prepare", (0.0, 0.0))
-        t["prepare_rest"] = tuple(prepare[i] - sum(v[i] for v in t.values()) for i in (0, 1))
-        training = self.totals.get("training_step", (0.0, 0.0))
-        t["fwd_bwd"] = (training[0] - prepare[0], training[1] - prepare[1])
-        t["optimizer"] = self.totals.get("optimizer", (0.0, 0.0))
-        t["sync"] = self.totals.get("sync", (0.0, 0.0))
-        t["other"] = tuple(total - sum(v[i] for v in t.values()) for i, total in enumerate((wall, cpu)))
+    def breakdown(self, wall, cpu, faults):
+        """{part: (wall s, CPU s, minor page faults)} with the nested parts taken out of their parents and "other" =
+        the rest of the step's `wall`, `cpu` and `faults`."""
+        zero = (0.0, 0.0, 0)
+        t = {name: self.totals.get(name, zero) for name in ("generate", "reward", "ref_old_logps")}
+        prepare = self.totals.get("prepare", zero)
+        t["prepare_rest"] = tuple(prepare[i] - sum(v[i] for v in t.values()) for i in range(3))
+        training = self.totals.get("training_step", zero)
+        t["fwd_bwd"] = tuple(training[i] - prepare[i] for i in range(3))
+        t["optimizer"] = self.totals.get("optimizer", zero)
+        t["sync"] = self.totals.get("sync", zero)
+        t["other"] = tuple(total - sum(v[i] for v in t.values()) for i, total in enumerate((wall, cpu, faults)))
         return t
 
     def peak_breakdown(self):
@@ -574,7 +590,7 @@ def _print_gemm_floor(args, impls, cases, stats, model_dir, preset) -> None:
     print("| case | " + " | ".join(f"{impl} GEMM ms" for impl in impls) + " | floor ours/upstream |")
     print("|---|" + "---:|" * (len(impls) + 1))
     for c, label, train in cases:
-        gemm = {}
+        gemm, faults = {}, {}
         for impl in impls:
             python = sys.executable if impl == "ours" else args.upstream_python
             extra = json.loads(args.ours_kwargs) if impl == "ours" else {}
@@ -591,9 +607,15 @@ def _print_gemm_floor(args, impls, cases, stats, model_dir, preset) -> None:
                 preset.get("task", "digits"),
             )
             gemm[impl] = r["gemm_ms"]
+            faults[impl] = statistics.median(r["faults"][-args.profile_steps :])
         upstream = stats.get(("upstream", c, label))
         floor = f"{gemm['ours'] / (upstream['cpu'] * 1e3):.2f}" if upstream and "ours" in gemm else "-"
         print(f"| sync={c} {label} | " + " | ".join(f"{gemm[i]:.1f}" for i in impls) + f" | {floor} |")
+        print(
+            "Minor page faults per profiled step (the profiler's own allocations add some, and a product whose output "
+            "lands on fresh pages counts their faults in its self time): "
+            + ", ".join(f"{i} {faults[i]:.0f}" for i in impls)
+        )
 
 
 def _describe_model(preset: dict, model_dir: str) -> str:
@@ -749,7 +771,8 @@ def main() -> None:
                     f"repeat {rep + 1}/{args.repeats} sync={c:<5} {label} {impl:<8} median "
                     f"{statistics.median(kept):.4f} s/step, CPU {statistics.median(kept_cpu):.4f} "
                     f"({len(kept)} steps kept, run {time.perf_counter() - start:.0f} s, peak RSS "
-                    f"{r['peak_rss_mb']:.0f} MB, {statistics.mean(r['completion_tokens']):.1f} completion tokens, "
+                    f"{r['peak_rss_mb']:.0f} MB, {statistics.median(r['faults'][args.warmup :]):.0f} page faults/step, "
+                    f"{statistics.mean(r['completion_tokens']):.1f} completion tokens, "
                     f"reward {statistics.mean(r['mean_reward']):.3f}, load {_load()})",
                     flush=True,
                 )
@@ -787,7 +810,10 @@ def main() -> None:
             wall=statistics.median([t for run in kept for t in run]),
             per_run=", ".join(f"{statistics.median(run):.4f}" for run in kept),
             cpu=statistics.median(cpu),
+            faults=statistics.median(n for r in runs for n in r["faults"][args.warmup :]),
+            sys=statistics.median(t for r in runs for t in r["sys_times"][args.warmup :]),
             parts={p: statistics.median(s[p][1] for s in steps) * 1e3 for p in PARTS},  # CPU ms
+            part_faults={p: statistics.median(s[p][2] for s in steps) for p in PARTS},
             rss=statistics.median(r["peak_rss_mb"] for r in runs),
             tokens=statistics.mean(n for r in runs for n in r["completion_tokens"]),
             syncs=[  # (wall, CPU) of the sync part on the kept steps whose global step is a sync step
@@ -843,13 +869,32 @@ def main() -> None:
                 + " | ".join(cells)
                 + " |"
             )
+    print(
+        "\nThe kernel's share (median over kept steps): minor page faults, i.e. pages the process touches for the first "
+        "time or again after its memory went back to the kernel, which zero-fills each one (1.4 to 14 µs each in two "
+        "windows of this VM), then per part; and the system CPU time, which is part of the CPU s/step above."
+    )
+    print(
+        "| kernel case | implementation | minor page faults/step | system CPU s/step | share of CPU s/step | "
+        + " | ".join(f"{p} faults" for p in PARTS)
+        + " |"
+    )
+    print("|---|---|---:|---:|---:|" + "---:|" * len(PARTS))
+    for c, label, _ in cases:
+        for impl in impls:
+            s = stats[(impl, c, label)]
+            print(
+                f"| sync={c} {label} | {impl} | {s['faults']:.0f} | {s['sys']:.3f} | {s['sys'] / s['cpu']:.0%} | "
+                + " | ".join(f"{s['part_faults'][p]:.0f}" for p in PARTS)
+                + " |"
+            )
     synced = [(key, s["syncs"]) for key, s in stats.items() if s["syncs"]]
     if synced:
         print(
             "Reference sync on the kept steps that synced, mean (wall ms, CPU ms): "
             + "; ".join(
                 f"{impl} sync={c} {label}".rstrip()
-                + f" {statistics.mean(w for w, _ in v) * 1e3:.1f}, {statistics.mean(u for _, u in v) * 1e3:.1f} "
+                + f" {statistics.mean(w for w, *_ in v) * 1e3:.1f}, {statistics.mean(u for _, u, *_ in v) * 1e3:.1f} "
                 f"({len(v)} steps)"
                 for (impl, c, label), v in synced
             )

@@ -178,8 +178,8 @@ def _check_upstream_trl(out, tmp):
         "peak RSS MB",
         "completion tokens",
     ]
-    parts = ("generate", "reward", "ref_old_logps", "prepare_rest", "fwd_bwd", "optimizer", "sync", "other")
-    assert header[8:] == [f"{p} ms" for p in parts]
+    step_parts = ("generate", "reward", "ref_old_logps", "prepare_rest", "fwd_bwd", "optimizer", "sync", "other")
+    assert header[8:] == [f"{p} ms" for p in step_parts]
     assert [(row[0], row[1].split()[0]) for row in rows] == [("sync=every", "ours"), ("sync=every", "upstream")]
     assert rows[1][1] == f"upstream {UPSTREAM_TRL_VERSION}"
     ours, upstream = rows
@@ -196,10 +196,18 @@ def _check_upstream_trl(out, tmp):
         assert 100 < imports <= init <= peak and row[5]
         sampled = [number(cell) for cell in row[6:] if cell != "-"]
         assert "-" not in (row[6], row[9]) and all(imports <= value <= peak + 1 for value in sampled)  # generate, loss
+    header, rows = table_with(out, "kernel case")  # page faults and system CPU time per step
+    assert header[1:5] == ["implementation", "minor page faults/step", "system CPU s/step", "share of CPU s/step"]
+    assert header[5:] == [f"{p} faults" for p in step_parts] and [row[1] for row in rows] == ["ours", "upstream"]
     with open(tmp / "steps.json") as f:
         steps = json.load(f)
     assert sorted(steps) == ["ours/every/", "upstream/every/"]
     assert all(len(runs) == 1 and len(runs[0]["times"]) == 2 for runs in steps.values())
+    for (runs,), row in zip((steps["ours/every/"], steps["upstream/every/"]), rows):
+        assert len(runs["faults"]) == len(runs["sys_times"]) == 2 and min(runs["faults"]) >= 0
+        assert number(row[2]) == runs["faults"][1] and number(row[3]) == pytest.approx(runs["sys_times"][1], abs=1e-3)
+        assert sum(runs["parts"][1][p][2] for p in step_parts) == runs["faults"][1]  # the parts add up to the step
+        assert sum(number(cell) for cell in row[5:]) == runs["faults"][1]
 
 
 def _check_lora_memory(out, tmp):
