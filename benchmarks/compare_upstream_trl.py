@@ -282,7 +282,7 @@ def _worker(args) -> None:
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.times, self.cpu_times, self._start, self._cpu_start = [], [], None, None
-            self.parts = []  # per step: {part: (wall s, CPU s)}
+            self.parts = []  # per step: {part: (wall s, CPU s, minor page faults)}
             self.peaks = []  # per step: {part: peak RSS MB}
             self.faults, self.sys_times, self._usage = [], [], None  # per step: minor page faults, system CPU s
 
@@ -391,7 +391,7 @@ def _rss_bytes() -> int:
 
 
 class _PartClock:
-    """Wall and CPU seconds spent in named parts of one step; a part re-entered while running counts once.
+    """Wall and CPU seconds and minor page faults spent in named parts of one step; a part re-entered while running counts once.
 
     Memory: a sampler thread reads the resident set size every `RSS_INTERVAL_S` and keeps, per part, the largest value
     seen while the part was open (`peaks`, bytes; nested parts also count for their parents), and `ru_maxrss` (the
@@ -585,10 +585,18 @@ def _print_gemm_floor(args, impls, cases, stats, model_dir, preset) -> None:
     print(
         f"\nMatrix multiplies ({', '.join(GEMM_OPS)}), self CPU ms per step over the last {args.profile_steps} steps "
         "of one profiled run. The same maths needs at least these; `floor` = ours' GEMM time / upstream's CPU s/step "
-        "above, the best ratio any implementation of our matrix multiplies could reach."
+        "above, the best ratio any implementation of our matrix multiplies could reach. Then the minor page faults of "
+        "those steps: the profiler's own allocations add some, and a product whose output lands on fresh pages counts "
+        "their faults in its self time."
     )
-    print("| case | " + " | ".join(f"{impl} GEMM ms" for impl in impls) + " | floor ours/upstream |")
-    print("|---|" + "---:|" * (len(impls) + 1))
+    print(
+        "| case | "
+        + " | ".join(f"{impl} GEMM ms" for impl in impls)
+        + " | floor ours/upstream | "
+        + " | ".join(f"{impl} page faults/step" for impl in impls)
+        + " |"
+    )
+    print("|---|" + "---:|" * (2 * len(impls) + 1))
     for c, label, train in cases:
         gemm, faults = {}, {}
         for impl in impls:
@@ -610,11 +618,12 @@ def _print_gemm_floor(args, impls, cases, stats, model_dir, preset) -> None:
             faults[impl] = statistics.median(r["faults"][-args.profile_steps :])
         upstream = stats.get(("upstream", c, label))
         floor = f"{gemm['ours'] / (upstream['cpu'] * 1e3):.2f}" if upstream and "ours" in gemm else "-"
-        print(f"| sync={c} {label} | " + " | ".join(f"{gemm[i]:.1f}" for i in impls) + f" | {floor} |")
         print(
-            "Minor page faults per profiled step (the profiler's own allocations add some, and a product whose output "
-            "lands on fresh pages counts their faults in its self time): "
-            + ", ".join(f"{i} {faults[i]:.0f}" for i in impls)
+            f"| sync={c} {label} | "
+            + " | ".join(f"{gemm[i]:.1f}" for i in impls)
+            + f" | {floor} | "
+            + " | ".join(f"{faults[i]:.0f}" for i in impls)
+            + " |"
         )
 
 
@@ -816,7 +825,7 @@ def main() -> None:
             part_faults={p: statistics.median(s[p][2] for s in steps) for p in PARTS},
             rss=statistics.median(r["peak_rss_mb"] for r in runs),
             tokens=statistics.mean(n for r in runs for n in r["completion_tokens"]),
-            syncs=[  # (wall, CPU) of the sync part on the kept steps whose global step is a sync step
+            syncs=[  # (wall, CPU, faults) of the sync part on the kept steps whose global step is a sync step
                 r["parts"][i]["sync"]
                 for r in runs
                 for i in range(args.warmup, len(r["parts"]))
@@ -870,9 +879,10 @@ def main() -> None:
                 + " |"
             )
     print(
-        "\nThe kernel's share (median over kept steps): minor page faults, i.e. pages the process touches for the first "
-        "time or again after its memory went back to the kernel, which zero-fills each one (1.4 to 14 µs each in two "
-        "windows of this VM), then per part; and the system CPU time, which is part of the CPU s/step above."
+        "\nThe kernel's share (medians over kept steps): minor page faults, i.e. pages the process touches for the first "
+        "time or again after its memory went back to the kernel, which zero-fills each one (its cost per fault depends "
+        "on the machine), then per part (each part's own median: they need not add up to the step's); and the system "
+        "CPU time, which is part of the CPU s/step above."
     )
     print(
         "| kernel case | implementation | minor page faults/step | system CPU s/step | share of CPU s/step | "

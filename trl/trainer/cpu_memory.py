@@ -7,8 +7,9 @@ returns them with `munmap` when freed, and trims the top of its heap above the t
 tensor of that size comes as fresh pages, each one a page fault that the kernel zero-fills. On SmolLM2-135M that was
 ~190,000 faults and 0.4-0.9 s of system time per ~7.5 s step. `retain_freed_memory` raises both thresholds and turns
 glibc's own mappings off (blocks above the highest mmap threshold glibc accepts, 32 MiB, such as the 113 MB gradient
-of SmolLM2's tied embedding, come from the heap too), so that freed blocks stay in the process and the next tensors
-reuse them.
+of SmolLM2's tied embedding, come from the main thread's heap too), so that freed blocks stay in the process and the
+next tensors reuse them. The trainer's tensors are made on the main thread (CPU autograd runs on the caller's);
+other threads allocate from their own glibc heaps of at most 64 MiB, which still map bigger blocks.
 
 Where long-lived tensors land matters then too: AdamW creates its two moments (2 × the trainable parameters) at its
 first step, in whatever gaps the first step's temporaries left, and the later steps' temporaries no longer fit
@@ -29,7 +30,8 @@ logger = logging.get_logger(__name__)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
-# The largest mmap threshold glibc accepts on 64-bit systems (HEAP_MAX_SIZE / 2): blocks above it are mapped anyway.
+# The largest mmap threshold glibc accepts on 64-bit systems (HEAP_MAX_SIZE / 2): blocks above it are mapped unless
+# M_MMAP_MAX is 0.
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 # Keep up to this much free memory at the top of the heap (mallopt takes an int).
 TRIM_THRESHOLD_BYTES = 2**31 - 1
@@ -44,18 +46,24 @@ def libc() -> ctypes.CDLL:
 
 def retain_freed_memory() -> bool:
     """Make glibc keep freed memory in the process for later allocations (`mallopt`: mmap threshold 32 MiB, trim
-    threshold 2 GiB, and no `mmap` of glibc's own for any block: `M_MMAP_MAX` 0), for the rest of the process; returns
-    whether the settings are in effect.
+    threshold 2 GiB, and no `mmap` of glibc's own on the main thread's heap: `M_MMAP_MAX` 0), for the rest of the
+    process (the settings cannot be undone; `malloc_trim(0)` hands free pages back); returns whether they are in
+    effect.
 
     Only for glibc (Linux); elsewhere nothing changes and `False` is returned, as when `mallopt` refuses (a setting
     accepted before the refused one stays, and a warning says so). Setting the mmap threshold also turns off glibc's
     own adjustment of it. Without `M_MMAP_MAX` 0, a block above 32 MiB (glibc's highest threshold) was still a fresh
     mapping whenever no freed block of the heap could hold it: on SmolLM2-135M the tied embedding's 113 MB gradient,
-    27,649 faults and 0.15-0.18 s in some steps and none in others, depending on where earlier blocks had landed.
-    When the heap cannot grow, glibc still maps a block rather than fail. The process's resident memory then stays
-    near its high-water mark instead of shrinking between steps; its peak can be higher (blocks kept for reuse that
-    the peak's allocations do not fit into). On SmolLM2-135M the peaks moved by −20 to +69 MB in three paired runs:
-    see "The tied gradient, page faults and a nondeterministic backward" in the GRPO trainer docs.
+    27,649 faults in some steps and none in others, depending on where earlier blocks had landed (with
+    `offload_ref_model=True`, 0.16 and 0.30 s more per step in two paired runs). Blocks above 32 MiB then stay in the
+    process after they are freed, as the smaller ones did, and a large `realloc` copies instead of remapping. When
+    the heap cannot grow, glibc still maps a block rather than fail, and threads other than the main one keep their
+    own heaps, which map blocks above 64 MiB. The process's resident memory stays near its high-water mark instead of
+    shrinking between steps; its peak can be higher (blocks kept for reuse that the peak's allocations do not fit
+    into). On SmolLM2-135M the peaks moved by −20 to +69 MB in three paired runs with the thresholds alone, and by
+    −24 and −38 MB (offload) and +12 and +22 MB (defaults) with `M_MMAP_MAX` 0 in two more pairs: see "The tied
+    gradient, page faults and a nondeterministic backward" and "Page faults: the blocks glibc would still map" in
+    the GRPO trainer docs.
     """
     global _applied
     if _applied:
