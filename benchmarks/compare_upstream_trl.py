@@ -391,7 +391,8 @@ def _rss_bytes() -> int:
 
 
 class _PartClock:
-    """Wall and CPU seconds and minor page faults spent in named parts of one step; a part re-entered while running counts once.
+    """Wall and CPU seconds and minor page faults spent in named parts of one step; a part re-entered while running
+    counts once.
 
     Memory: a sampler thread reads the resident set size every `RSS_INTERVAL_S` and keeps, per part, the largest value
     seen while the part was open (`peaks`, bytes; nested parts also count for their parents), and `ru_maxrss` (the

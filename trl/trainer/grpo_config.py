@@ -154,15 +154,12 @@ class GRPOConfig(TrainingArguments):
             see "Element-wise activations rebuilt in the backward".
         retain_freed_cpu_memory (`bool`, *optional*, defaults to `True`):
             On a CPU run with glibc (Linux), keep the memory that freed tensors give back in the process for the next
-            ones (`mallopt`: mmap threshold 32 MiB, trim threshold 2 GiB, no mmap of glibc's own on the main thread's
-            heap; `trainer.cpu_memory`) instead of faulting in fresh pages every step. Applies to the whole process
-            and cannot be undone; peak RSS −20 to +69 MB against glibc's defaults in three paired SmolLM2 runs, and
-            −38 to +22 MB from the no-mmap setting in four more.
-            With it, a `torch.optim.Adam`/`AdamW` optimizer's moments are also allocated at the start of training
-            rather than at its first step (`cpu_memory.allocate_adam_state`; the same updates bit for bit), so that
-            they do not land among that step's temporaries: −76 MB of peak RSS with `offload_ref_model=True` on
-            SmolLM2-135M. A trainable parameter that never gets a gradient then has zero moments too (in memory and
-            in checkpoints), where the lazy ones would not exist.
+            ones (`mallopt`: no mmap of glibc's own on the main thread's heap, trim threshold 2 GiB;
+            `trainer.cpu_memory`) instead of faulting in fresh pages every step; process-wide, for good. Peak RSS −38
+            to +69 MB in seven paired SmolLM2 runs. Adam(W)'s moments are also made when training starts, not at
+            the first step (`cpu_memory.allocate_adam_state`; the same updates bit for bit), so that they do not land
+            among that step's temporaries (−76 MB of peak with `offload_ref_model=True`); a trainable parameter that
+            never gets a gradient then has zero moments too (in memory and in checkpoints).
 
         > Parameters that control the loss
 
