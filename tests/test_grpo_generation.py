@@ -81,6 +81,65 @@ def test_prompt_tuning_generates_as_generate_does(lm):
     assert torch.equal(shared, plain)
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["PeftModel", "PeftMixedModel"])
+def test_lora_under_bf16_autocast_prefills_as_generate_does(tiny_lm_path, mixed):
+    """A LoRA policy as the trainer generates with it under `bf16=True`: the PEFT model's forward under bf16 autocast,
+    as `accelerator.prepare` wraps it and `unwrap_model` keeps it (the trainer-level runs, with accelerate's own
+    wrapper, are in test_mixed_precision.py). PEFT's `generate` runs the base model's forward, outside the
+    wrapper, in float32: the shared prompt cache is computed by that forward too (`generation_forward_model`), so its
+    keys and values are float32 like the decode steps' (a bf16 cache made SDPA fail on mixed query/value dtypes) and
+    greedy decoding gives plain `generate`'s tokens."""
+    peft = pytest.importorskip("peft")
+    from trl.trainer.grpo_generation import generation_forward_model
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
+    torch.manual_seed(0)
+    lora = peft.LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    policy = peft.get_peft_model(model, lora, mixed=mixed)
+    policy.forward = torch.autocast("cpu", dtype=torch.bfloat16)(policy.forward)
+    assert generation_forward_model(policy) is model  # the transformers model, the adapters in its layers
+    assert generation_forward_model(torch.compile(policy)) is model  # compiled: `generate` runs uncompiled
+    assert generation_forward_model(model) is model
+    ids, mask = _prompts(tokenizer, ["1+2=3 and 13+4+5=", "7+8=15, 13+4="], repeats=3)
+    with torch.no_grad():
+        cache = shared_prefix_cache(generation_forward_model(policy), ids, mask)
+    assert (
+        {layer.keys.dtype for layer in cache.layers}
+        == {layer.values.dtype for layer in cache.layers}
+        == {torch.float32}
+    )
+    config = GenerationConfig(max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    shared = sample_completions(policy, ids, mask, config, "shared_prefix")
+    assert torch.equal(shared, sample_completions(policy, ids, mask, config, "generate"))
+
+
+def test_alora_generates_as_generate_does(tiny_lm_path):
+    """aLoRA applies its adapter only from the invocation tokens on, offsets that PEFT's forward and `generate`
+    compute from each call's ids: a prompt pass on the base model would skip them, so generation runs plain."""
+    peft = pytest.importorskip("peft")
+    from trl.trainer.grpo_generation import shared_prefix_blocker
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
+    invocation = tokenizer("+4", add_special_tokens=False)["input_ids"]
+    torch.manual_seed(0)
+    lora = peft.LoraConfig(
+        task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"], alora_invocation_tokens=invocation
+    )
+    policy = peft.get_peft_model(model, lora)
+    for name, parameter in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=3.0)  # an adapter that changes the tokens
+    ids, mask = _prompts(tokenizer, ["1+2=3 and 13+4+5=", "7+8=15, 13+4="], repeats=3)
+    config = GenerationConfig(max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert shared_prefix_blocker(policy, ids, mask, config) == "an aLoRA adapter (alora_invocation_tokens)"
+    shared = sample_completions(policy, ids, mask, config, "shared_prefix")
+    assert torch.equal(shared, sample_completions(policy, ids, mask, config, "generate"))
+    with policy.disable_adapter():
+        assert not torch.equal(shared, sample_completions(policy, ids, mask, config, "generate"))
+
+
 def _expected_first_token_probs(model, ids, mask, temperature=1.0, top_k=0, top_p=1.0, min_p=None, penalty=1.0):
     """The first-token distribution written out by hand: repetition penalty, temperature, top-k, top-p, min-p (the
     order `generate` applies them in), for every row."""

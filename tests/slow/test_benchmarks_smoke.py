@@ -70,7 +70,10 @@ def _check_generation(out, tmp):
     assert [row[0] for row in rows] == ["5", "16"]
     for row in rows:
         shared, plain, ratio = (number(c) for c in row[1:])
-        assert shared > 0 and plain > 0 and ratio == pytest.approx(shared / plain, abs=0.01)
+        # the times are printed to 0.1 ms and the ratio from the unrounded ones (to 0.01): the ratio of the printed
+        # times may be off by what those two roundings allow
+        slack = 0.05 * (shared + plain) / plain**2 + 0.005
+        assert shared > 0 and plain > 0 and ratio == pytest.approx(shared / plain, abs=slack)
 
 
 def _check_packed_scoring(out, tmp):

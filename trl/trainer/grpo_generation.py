@@ -7,6 +7,7 @@ from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
+from torch import nn
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation import GenerationMode
 from transformers.utils import logging
@@ -78,7 +79,8 @@ def shared_prefix_blocker(
     - DeepSpeed ZeRO-3 parameters, unless gathered with the hooks removed (`models.utils.zero3_gathered`, what
       `ds3_gather_for_generation=True` does): with the hooks, a forward before `generate` would re-partition them;
     - a RoPE whose frequencies depend on the sequence length, where the prompt pass and `generate`'s first step would
-      see different ones (`prefix_sharing.rope_sharing_blocker`).
+      see different ones (`prefix_sharing.rope_sharing_blocker`);
+    - a PEFT adapter that prepares each forward from its inputs (aLoRA, X-LoRA: `peft_forward_setup`).
     `shared_prefix_cache` itself still returns `None` (plain `generate`) when there is nothing to share, for
     prompts that are not left-padded and for PEFT prompt learning.
     """
@@ -96,11 +98,52 @@ def shared_prefix_blocker(
         return "use_cache=False"
     if config.token_healing:
         return "token_healing"
+    if (reason := peft_forward_setup(model)) is not None:
+        return reason
     if not getattr(model, "_supports_default_dynamic_cache", lambda: False)():
         return "a model without a DynamicCache"
     if prompt_ids.size(1) > 1 and length_scaled_ropes(model):
         # the prompt pass reaches all but the last prompt token; generate's first step, the whole prompt
         return rope_sharing_blocker(model, *split_lengths(prompt_mask, prompt_ids.size(1)))
+    return None
+
+
+def generation_forward_model(model: nn.Module) -> nn.Module:
+    """The module whose forward `model.generate` runs at every step, for a prompt pass that must compute the keys and
+    values `generate`'s own prefill would (`shared_prefix_cache`).
+
+    `torch.compile`'s wrapper (`accelerator.unwrap_model` keeps it) hands `generate` to the model it compiled, which
+    decodes uncompiled. A PEFT model (`PeftModel` or `PeftMixedModel`; prompt learning never shares) decodes with its
+    base model's `generate`: the transformers model with the adapters in its layers, without the PEFT model's own
+    forward or what wraps it. Under mixed precision that wrapper is accelerate's autocast (`accelerator.unwrap_model`
+    keeps it too), so `generate` computes a PEFT policy in its weights' dtype while a prompt pass through the PEFT
+    model would run in bf16: keys and values of two dtypes in one cache. Any other model decodes with its own
+    forward, wrappers included. Adapters whose PEFT forward sets up each call (aLoRA, X-LoRA) never share
+    (`peft_forward_setup`).
+    """
+    model = getattr(model, "_orig_mod", model)
+    try:
+        from peft import PeftMixedModel, PeftModel
+    except ImportError:
+        return model
+    if isinstance(model, (PeftModel, PeftMixedModel)) and not _is_prompt_learning(model):
+        return model.base_model.model
+    return model
+
+
+def _is_prompt_learning(model: nn.Module) -> bool:
+    return bool(getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False))
+
+
+def peft_forward_setup(model: nn.Module) -> str | None:
+    """The PEFT adapter of `model` whose forward and `generate` prepare each call from its inputs (aLoRA's
+    invocation-token offsets, X-LoRA's classifier pass) as a reason to run plain `generate`, or `None`: a prompt pass
+    on the base model would skip that preparation and compute another cache."""
+    config = getattr(getattr(model, "_orig_mod", model), "active_peft_config", None)
+    if getattr(config, "alora_invocation_tokens", None) is not None:
+        return "an aLoRA adapter (alora_invocation_tokens)"
+    if getattr(config, "peft_type", None) == "XLORA":  # PeftType is a str enum
+        return "an X-LoRA adapter"
     return None
 
 
@@ -120,7 +163,8 @@ def sample_completions(
     `"generate"` calls `generate` on the batch as it is.
     `"shared_prefix"` first runs the model once over the distinct prompts without their last token, copies that KV
     cache to every row that repeats the prompt (on the CPU into buffers with room for every new position, which the
-    decode steps write in place), and lets `generate` continue from it: the prompt is prefilled U times
+    decode steps write in place; the prompt pass runs the forward that `generate` decodes with,
+    `generation_forward_model`), and lets `generate` continue from it: the prompt is prefilled U times
     instead of N, and everything that decides which tokens are drawn (logits processors, the random draws unless
     `inverse_cdf`, EOS handling, padding, stopping) is `generate`'s own. Completions follow the same distribution; the prefix
     keys/values come from a smaller batch, so they can differ from the unshared ones in the last float bits. It falls
@@ -173,7 +217,11 @@ def sample_completions(
             # the last new token (written in place, not concatenated at each step); an accelerator's allocator would
             # reserve all of it at once, also for completions that stop early
             room = (generation_config.max_new_tokens or 0) if prompt_ids.device.type == "cpu" else 0
-            cache = shared_prefix_cache(model, prompt_ids, prompt_mask, room=room) if share else None
+            cache = (
+                shared_prefix_cache(generation_forward_model(model), prompt_ids, prompt_mask, room=room)
+                if share
+                else None
+            )
             kwargs = {} if cache is None else {"cache": cache}
             packed = packed_weights and not sharded
             with (
