@@ -203,6 +203,45 @@ def test_nested_blocks_and_an_empty_batch():
     assert torch.multinomial is original
 
 
+def test_a_patch_installed_after_import_is_called_inside_and_put_back(monkeypatch):
+    """Another library's `torch.multinomial`, installed after trl's import: the block's other calls go to it, and the
+    block puts that same object back, not torch's own."""
+    torch_own = torch.multinomial
+    calls = []
+
+    def patched(input, num_samples, replacement=False, *, generator=None, out=None):
+        calls.append(num_samples)
+        return torch_own(input, num_samples, replacement, generator=generator, out=out)
+
+    monkeypatch.setattr(torch, "multinomial", patched)
+    probs = torch.softmax(torch.randn(3, 50), -1)
+    with inverse_cdf_sampling():
+        with inverse_cdf_sampling():
+            assert torch.multinomial is not patched
+            assert torch.multinomial(probs, 1).shape == (3, 1)  # the inverse CDF's: not the patch's
+            assert torch.multinomial(probs, 2).shape == (3, 2)
+        assert torch.multinomial is not patched  # the outer block is still open
+    assert torch.multinomial is patched
+    assert calls == [2]
+    assert cpu_decoding._INSTALLED == {"blocks": 0, "entry": None}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inverse_cdf_is_not_installed_for_a_generation_off_the_cpu(lm, monkeypatch):
+    model, tokenizer = lm
+    ids, mask = _batch(tokenizer)
+    seen = []
+    real_generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: seen.append(torch.multinomial) or real_generate(**kw))
+    original = torch.multinomial
+    model.cuda()
+    try:
+        sample_completions(model, ids.cuda(), mask.cuda(), _config(tokenizer, 2), "generate", inverse_cdf=True)
+    finally:
+        model.cpu()
+    assert seen == [original]
+
+
 def test_first_tokens_with_inverse_cdf_sampling_follow_the_model(lm, monkeypatch):
     model, tokenizer = lm
     n = 3000

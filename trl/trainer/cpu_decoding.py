@@ -100,15 +100,17 @@ def _draw_from_cumulative(cumulative: torch.Tensor, generator: torch.Generator |
     return torch.searchsorted(cumulative, threshold, right=True)
 
 
-_ORIGINAL_MULTINOMIAL = torch.multinomial
-_INSTALLED = [0]  # open `inverse_cdf_sampling` blocks, all threads together
+# While any `inverse_cdf_sampling` block is open (all threads together): how many are, and the `torch.multinomial`
+# that the outermost one found on entry (torch's own, or another library's patch), which `_multinomial` calls for
+# every draw it does not make itself and which the last block to close puts back.
+_INSTALLED = {"blocks": 0, "entry": None}
 _INSTALL_LOCK = threading.Lock()
 
 
-@functools.wraps(_ORIGINAL_MULTINOMIAL)
 def _multinomial(input, num_samples, replacement=False, *, generator=None, out=None):
     """`torch.multinomial` while an `inverse_cdf_sampling` block is open somewhere: the block's own thread draws its
-    one-sample calls on CPU probability rows with `inverse_cdf_draw`; every other call is the original's."""
+    one-sample calls on CPU probability rows with `inverse_cdf_draw`; every other call goes to the `torch.multinomial`
+    that was installed when the outermost block opened."""
     if (
         _INVERSE_CDF.get()
         and num_samples == 1
@@ -124,7 +126,7 @@ def _multinomial(input, num_samples, replacement=False, *, generator=None, out=N
         if bool((total > 0).all() & torch.isfinite(total).all()):  # an inf weight makes its row's total inf
             return _draw_from_cumulative(cumulative, generator)
     # anything else, including weights torch.multinomial rejects (with its own error)
-    return _ORIGINAL_MULTINOMIAL(input, num_samples, replacement, generator=generator, out=out)
+    return _INSTALLED["entry"](input, num_samples, replacement, generator=generator, out=out)
 
 
 @contextmanager
@@ -133,17 +135,21 @@ def inverse_cdf_sampling():
     transformers' `generate` calls to sample each token, draws with `inverse_cdf_draw`: the same distribution, from N
     uniform numbers instead of the N × V exponential ones of torch's CPU kernel (15 ms a step for 16 rows of
     SmolLM2's 49,152 tokens, one thread, against ~1 ms). The tokens drawn for a given seed differ from
-    `torch.multinomial`'s. `torch.multinomial` is replaced while any such block is open (other threads and other
-    calls get the original's behaviour) and put back when the last one closes."""
+    `torch.multinomial`'s. `torch.multinomial` is replaced while any such block is open: the outermost block records
+    the function installed on entry (torch's, or another library's patch), every other thread and call gets that
+    function, and the last block to close puts that same object back."""
     with _INSTALL_LOCK:
-        _INSTALLED[0] += 1
-        torch.multinomial = _multinomial
+        if not _INSTALLED["blocks"]:
+            _INSTALLED["entry"] = torch.multinomial
+            torch.multinomial = _multinomial
+        _INSTALLED["blocks"] += 1
     token = _INVERSE_CDF.set(True)
     try:
         yield
     finally:
         _INVERSE_CDF.reset(token)
         with _INSTALL_LOCK:
-            _INSTALLED[0] -= 1
-            if not _INSTALLED[0]:
-                torch.multinomial = _ORIGINAL_MULTINOMIAL
+            _INSTALLED["blocks"] -= 1
+            if not _INSTALLED["blocks"]:
+                torch.multinomial = _INSTALLED["entry"]
+                _INSTALLED["entry"] = None

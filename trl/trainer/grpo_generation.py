@@ -185,7 +185,8 @@ def sample_completions(
             decode step with its weight packed once for the call (`cpu_decoding.packed_linear_weights`: the same
             logits to the bit); not for sharded parameters.
         inverse_cdf: on the CPU, draw each sampled token with one uniform number per row
-            (`cpu_decoding.inverse_cdf_sampling`: the same distribution, other draws than `torch.multinomial`'s).
+            (`cpu_decoding.inverse_cdf_sampling`: the same distribution, other draws than `torch.multinomial`'s);
+            the block is opened only when `prompt_ids` are on the CPU, so elsewhere `torch.multinomial` is untouched.
 
     Returns:
         `(N, L)` int64 completion ids, `L <= max_new_tokens`; after a row's EOS, `generate` fills it with the pad id.
@@ -228,7 +229,8 @@ def sample_completions(
                 packed_linear_weights(model, prompt_ids.size(0), generation_config.max_new_tokens)
                 if packed
                 else nullcontext(),
-                inverse_cdf_sampling() if inverse_cdf else nullcontext(),
+                # `torch.multinomial` replaced only where the draws it changes happen: CPU probability rows
+                inverse_cdf_sampling() if inverse_cdf and prompt_ids.device.type == "cpu" else nullcontext(),
             ):
                 sequences = model.generate(
                     input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config, **kwargs
