@@ -367,6 +367,7 @@ def test_grouped_kv_attention_is_bitwise_the_copied_heads(tiny_lm_path, share_pr
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32, attn_implementation="sdpa")
     assert model.config.num_attention_heads // model.config.num_key_value_heads == 2  # grouped-query attention
     ids, mask = batch(model.config.vocab_size)
+    switch = sdpa_attention.use_gqa_in_sdpa
     kwargs = dict(share_prefix=share_prefix, min_prefix_tokens=4, chunked_logprobs=True)
     copies = []
     repeat_kv = sdpa_attention.repeat_kv
@@ -401,3 +402,29 @@ def test_grouped_kv_attention_is_bitwise_the_copied_heads(tiny_lm_path, share_pr
         thread.join()
         seen.append(grpo_scoring._GROUPED_KV.get())
     assert seen == [False, True]
+    assert sdpa_attention.use_gqa_in_sdpa is switch  # transformers' own function, back after every block
+
+
+def test_grouped_kv_sdpa_wraps_the_switch_found_on_entry_and_puts_it_back(monkeypatch):
+    """A `use_gqa_in_sdpa` installed by someone else: outside the block's thread it still answers, and the last
+    block to close puts that same object back."""
+    from transformers.integrations import sdpa_attention
+
+    asked = []
+
+    def theirs(*args, **kwargs):
+        asked.append(len(args) + len(kwargs))
+        return False
+
+    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", theirs)
+    seen = []
+    with grpo_scoring.grouped_kv_sdpa():
+        with grpo_scoring.grouped_kv_sdpa():
+            seen.append(sdpa_attention.use_gqa_in_sdpa(None, None))
+        assert sdpa_attention.use_gqa_in_sdpa is not theirs  # the outer block is still open
+        thread = threading.Thread(target=lambda: seen.append(sdpa_attention.use_gqa_in_sdpa(None, None)))
+        thread.start()
+        thread.join()
+    assert seen == [True, False] and asked == [2]
+    assert sdpa_attention.use_gqa_in_sdpa is theirs
+    assert grpo_scoring._GQA_INSTALLED == {"blocks": 0, "entry": None}

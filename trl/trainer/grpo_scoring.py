@@ -3,7 +3,7 @@
 auxiliary loss, and the float32 LM head. The trainer calls these; the maths on their outputs is in `grpo_losses`."""
 
 import contextvars
-import functools
+import threading
 from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
@@ -74,24 +74,18 @@ def recomputes_in_backward(model: nn.Module) -> bool:
     return wrapped or bool(checkpointed_modules(model))
 
 
-def _wrap_use_gqa_in_sdpa() -> bool:
-    """Wrap transformers' `integrations.sdpa_attention.use_gqa_in_sdpa` (the check that `sdpa_attention_forward` makes
-    at every call, by its module-level name) once, so that it answers `True` inside `grouped_kv_sdpa`; `False` when
-    this transformers has no such function (the block then changes nothing)."""
-    from transformers.integrations import sdpa_attention
+# While any `grouped_kv_sdpa` block is open (all threads together): how many are, and the `use_gqa_in_sdpa` that the
+# outermost one found in transformers' `integrations.sdpa_attention` on entry (None: this transformers has none, and
+# the blocks change nothing), which the wrapper asks outside a block and the last block to close puts back.
+_GQA_INSTALLED = {"blocks": 0, "entry": None}
+_GQA_LOCK = threading.Lock()
 
-    original = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
-    if original is None:
-        return False
-    if not getattr(original, "_grouped_kv_sdpa", False):
 
-        @functools.wraps(original)
-        def use_gqa_in_sdpa(*args, **kwargs):
-            return _GROUPED_KV.get() or original(*args, **kwargs)
-
-        use_gqa_in_sdpa._grouped_kv_sdpa = True
-        sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
-    return True
+def _use_gqa_in_sdpa(*args, **kwargs):
+    """transformers' `use_gqa_in_sdpa` (the check that `sdpa_attention_forward` makes at every call, by its
+    module-level name) while a `grouped_kv_sdpa` block is open somewhere: `True` in the block's own thread, the
+    function found on entry everywhere else."""
+    return _GROUPED_KV.get() or _GQA_INSTALLED["entry"](*args, **kwargs)
 
 
 @contextmanager
@@ -105,15 +99,29 @@ def grouped_kv_sdpa():
     every run; tested on SmolLM2). The copies' memory, saved for the backward (`(rows, query heads, tokens, head
     dim)` twice per layer), is gone and the attention is faster: 1.8× forward and backward for SmolLM2's 9 query
     heads on 3 key/value heads, 16 rows of 60 tokens, one thread. Attention implementations other than SDPA and
-    models without grouped heads are not affected."""
-    if not _wrap_use_gqa_in_sdpa():
-        yield
-        return
+    models without grouped heads are not affected. The switch is wrapped only while such a block is open: the
+    outermost one records the `use_gqa_in_sdpa` installed on entry, other threads get its answers, and the last
+    block to close puts that same object back."""
+    from transformers.integrations import sdpa_attention
+
+    with _GQA_LOCK:
+        if not _GQA_INSTALLED["blocks"]:
+            entry = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
+            _GQA_INSTALLED["entry"] = entry
+            if entry is not None:
+                sdpa_attention.use_gqa_in_sdpa = _use_gqa_in_sdpa
+        _GQA_INSTALLED["blocks"] += 1
     token = _GROUPED_KV.set(True)
     try:
         yield
     finally:
         _GROUPED_KV.reset(token)
+        with _GQA_LOCK:
+            _GQA_INSTALLED["blocks"] -= 1
+            if not _GQA_INSTALLED["blocks"]:
+                if _GQA_INSTALLED["entry"] is not None:
+                    sdpa_attention.use_gqa_in_sdpa = _GQA_INSTALLED["entry"]
+                _GQA_INSTALLED["entry"] = None
 
 
 def score_completions(
