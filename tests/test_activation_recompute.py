@@ -47,7 +47,7 @@ def saved_bytes(model, ids, lean: bool) -> tuple[int, torch.Tensor, list[torch.T
 
         _Recipes.pack = pack
         try:
-            with recomputed_activations():
+            with recomputed_activations(model):
                 loss = model(ids).logits.float().logsumexp(-1).mean()
         finally:
             _Recipes.pack = original
@@ -73,19 +73,50 @@ def test_same_loss_gradients_to_rounding_and_fewer_saved_bytes(kind):
     assert lean_bytes < 0.67 * plain_bytes, (lean_bytes, plain_bytes)
 
 
-def test_outside_the_block_the_wrapped_forward_is_the_original():
-    model = tiny()
-    recompute_activations_applies(model)  # wraps the classes
+def test_only_the_blocks_model_is_wrapped_and_only_inside_the_block():
+    model, other = tiny(), tiny()  # two models of the same classes
+    norm_cls, mlp_cls = type(model.model.norm), type(model.model.layers[0].mlp)
+    class_forwards = (norm_cls.__dict__["forward"], mlp_cls.__dict__["forward"])
+    assert recompute_activations_applies(model)  # changes nothing
     ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(2))
     _, plain_loss, _ = saved_bytes(model, ids, lean=False)
-    wrapped = {type(model.model.norm), type(model.model.layers[0].mlp)}
-    assert wrapped <= activation_recompute._WRAPPED
     out = model(ids).logits.float().logsumexp(-1).mean()
     assert "_RecomputedBackward" not in repr_graph(out.grad_fn)
-    with recomputed_activations():
+    wrappable = [m for m in model.modules() if isinstance(m, (norm_cls, mlp_cls))]
+    assert len(wrappable) == 3 * 2 + 1  # 2 norms and an MLP in each of 2 layers, the final norm
+    with recomputed_activations(model):
+        assert all("forward" in vars(m) for m in wrappable)
         lean = model(ids).logits.float().logsumexp(-1).mean()
+        # the second model, outside the block's model: its modules run their class's forward
+        assert not any("forward" in vars(m) for m in other.modules())
+        assert other.model.norm.forward.__func__ is norm_cls.__dict__["forward"]
+        assert other.model.layers[0].mlp.forward.__func__ is mlp_cls.__dict__["forward"]
+        theirs = other(ids).logits.float().logsumexp(-1).mean()
     assert "_RecomputedBackward" in repr_graph(lean.grad_fn)
+    assert "_RecomputedBackward" not in repr_graph(theirs.grad_fn)
     assert torch.equal(out.detach(), plain_loss) and torch.equal(lean.detach(), plain_loss)
+    assert not any("forward" in vars(m) for m in model.modules())  # deleted when the block closed
+    assert (norm_cls.__dict__["forward"], mlp_cls.__dict__["forward"]) == class_forwards
+    assert activation_recompute._SCOPED == {}
+
+
+def test_nested_blocks_and_a_forward_set_by_someone_else():
+    model = tiny()
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(2))
+    final_norm = model.model.norm
+    hooked = final_norm.forward  # e.g. an offload hook's forward, set on the instance
+    final_norm.forward = hooked
+    with recomputed_activations(model):
+        inner = model.model.layers[0].mlp.forward
+        with recomputed_activations(model):
+            assert model.model.layers[0].mlp.forward is inner  # the same wrapper, counted twice
+        assert model.model.layers[0].mlp.forward is inner  # the outer block is still open
+        assert final_norm.forward is hooked  # left as it is
+        lean = model(ids).logits.float().logsumexp(-1).mean()
+    # the layers' norms and MLPs recomputed, the final norm not: 3 per layer
+    assert repr_graph(lean.grad_fn).split().count("_RecomputedBackward") == 3 * 2
+    assert final_norm.forward is hooked
+    assert [name for name, m in model.named_modules() if "forward" in vars(m)] == ["model.norm"]
 
 
 def repr_graph(fn) -> str:
@@ -104,7 +135,7 @@ def test_no_graph_change_without_gradients_or_under_autocast():
     model = tiny()
     recompute_activations_applies(model)
     ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(3))
-    with recomputed_activations():
+    with recomputed_activations(model):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             autocast = model(ids).logits.float().sum()
         with torch.no_grad():
@@ -118,7 +149,7 @@ def test_a_changed_input_is_an_error_that_names_the_field():
     recompute_activations_applies(norm)
     x = torch.randn(4, 32, requires_grad=True)
     h = x * 1.0
-    with recomputed_activations():
+    with recomputed_activations(norm):
         y = norm(h)
         z = (y @ torch.randn(32, 5, requires_grad=True)).sum()  # the product saves y: a recipe
     with torch.no_grad():
@@ -142,9 +173,9 @@ def test_score_completions_uses_it_only_with_gradients_and_without_checkpointing
     entered = []
     real = activation_recompute.recomputed_activations
 
-    def spy():
-        entered.append(True)
-        return real()
+    def spy(scored):
+        entered.append(scored is model)
+        return real(scored)
 
     monkeypatch.setattr("trl.trainer.grpo_scoring.recomputed_activations", spy)
     results = {}
@@ -179,7 +210,7 @@ def test_parameter_hooks_see_the_gradient_once():
         calls = []
         norm.weight.register_hook(lambda g: calls.append(1) or g * 2)
         h = torch.randn(4, 32, generator=torch.Generator().manual_seed(0), requires_grad=True) * 1.0
-        with recomputed_activations() if lean else nullcontext():
+        with recomputed_activations(norm) if lean else nullcontext():
             z = (norm(h) @ w).sum()
         z.backward()
         results[lean] = (len(calls), norm.weight.grad.clone())
@@ -211,7 +242,7 @@ def test_in_place_changes_are_caught_as_autograd_would(change):
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         change(norm, w).backward()
     norm, w = norm_and_weight()
-    with recomputed_activations():
+    with recomputed_activations(norm):
         z = change(norm, w)
     with pytest.raises(RuntimeError, match="modified in place after the forward.*recompute_elementwise_activations"):
         z.backward()
@@ -221,7 +252,7 @@ def test_second_order_gradients_are_refused():
     model = tiny(attn_implementation="eager")
     recompute_activations_applies(model)
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(0))
-    with recomputed_activations():
+    with recomputed_activations(model):
         loss = model(ids).logits.logsumexp(-1).mean()
     with pytest.raises(RuntimeError, match="no second-order gradients"):
         torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
@@ -259,10 +290,10 @@ def test_only_exact_swiglu_forwards_and_self_contained_norms():
     assert not recompute_activations_applies(DropoutMLP())
     torch.manual_seed(0)
     norm = GatedRMSNorm()
-    assert recompute_activations_applies(norm)  # the class is wrapped, and calls its own forward
+    assert recompute_activations_applies(norm)  # an RMSNorm class: its wrapper calls its own forward
     x = torch.randn(3, 8, requires_grad=True)
     plain = torch.autograd.grad(norm(x).square().sum(), list(norm.parameters()))
-    with recomputed_activations():
+    with recomputed_activations(norm):
         out = norm(x)
     # torch's own nn.RMSNorm inside is self-contained: recomputed; the gated norm around it runs as it is
     assert repr_graph(out.grad_fn).split().count("_RecomputedBackward") == 1
@@ -283,7 +314,7 @@ def test_parametrized_norm_weight_gets_its_gradient():
         norm, w = norm_and_weight()
         parametrize.register_parametrization(norm, "weight", Double())
         h = torch.randn(4, 32, generator=torch.Generator().manual_seed(1), requires_grad=True) * 1.0
-        with recomputed_activations() if lean else nullcontext():
+        with recomputed_activations(norm) if lean else nullcontext():
             z = (norm(h) @ w).sum()
         z.backward()
         grads[lean] = norm.parametrizations.weight.original.grad

@@ -5,7 +5,7 @@ A decoder layer of a Llama-style model keeps, for every token, its RMSNorms' nor
 SwiGLU MLP's `act(gate)` and `act(gate) * up` for the backward, besides the matrix products' outputs. On SmolLM2-135M
 these are 5,376 of the 11,712 float32 numbers a layer saves per token. They cost a few element-wise operations to
 rebuild from what is kept anyway (the norm's input; the gate and up projections), where the matrix products cannot be
-rebuilt cheaply. Inside `recomputed_activations()`:
+rebuilt cheaply. Inside `recomputed_activations(model)`, for the modules of `model` only:
 
 - an RMSNorm module (a class whose name ends in `RMSNorm`, without submodules, whose tensors are its own registered
   parameters) saves only its input and parameters; its backward reruns its forward on them and differentiates that
@@ -29,6 +29,8 @@ import contextvars
 import functools
 import inspect
 import textwrap
+import threading
+import types
 import weakref
 from contextlib import contextmanager
 
@@ -41,7 +43,11 @@ from .layouts import PLAIN, parameter_layouts
 # The recipes of the pass under way in this context (None outside `recomputed_activations`).
 _RECIPES = contextvars.ContextVar("recomputed_activations", default=None)
 _SWIGLU = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
-_WRAPPED: set[type] = set()  # the classes whose forward is wrapped (once per process)
+# class → the wrapper of its own `forward` (None: not an RMSNorm or SwiGLU MLP class); the classes stay untouched
+_WRAPPERS: "weakref.WeakKeyDictionary[type, object]" = weakref.WeakKeyDictionary()
+# module → [open `recomputed_activations` blocks over it, all threads together; the bound wrapper set on it]
+_SCOPED: dict[nn.Module, list] = {}
+_SCOPE_LOCK = threading.Lock()
 _FIELD = "set `recompute_elementwise_activations=False`"
 
 
@@ -247,44 +253,54 @@ def _is_swiglu(function) -> bool:
     return False
 
 
-def _wrap(cls: type) -> bool:
-    """Wrap the forward of `cls` (an RMSNorm or SwiGLU MLP class) once; whether it is one."""
-    if cls in _WRAPPED:
-        return True
-    forward = cls.__dict__.get("forward")
-    if forward is None:
-        return False
-    if cls.__name__.endswith("RMSNorm"):
-        cls.forward = _norm_forward(forward)
-    elif _is_swiglu(forward):
-        cls.forward = _swiglu_forward(forward)
-    else:
-        return False
-    _WRAPPED.add(cls)
-    return True
+def _wrapper(cls: type):
+    """The wrapper of the forward that `cls` defines itself, when it is an RMSNorm or SwiGLU MLP class, else None;
+    made once per class, never installed on the class."""
+    if cls not in _WRAPPERS:
+        forward, wrapper = cls.__dict__.get("forward"), None
+        if forward is not None and cls.__name__.endswith("RMSNorm"):
+            wrapper = _norm_forward(forward)
+        elif forward is not None and _is_swiglu(forward):
+            wrapper = _swiglu_forward(forward)
+        _WRAPPERS[cls] = wrapper
+    return _WRAPPERS[cls]
 
 
 def recompute_activations_applies(model: nn.Module) -> bool:
-    """Whether `recomputed_activations` changes a pass of `model`: its parameters are plain tensors (a ZeRO-3, FSDP
-    or FSDP2 shard would have to be gathered again in the backward; a tensor subclass may have no storage) and it has
-    an RMSNorm or SwiGLU MLP module, whose class's forward is then wrapped (once; outside the block, and for a module
-    the module docstring excludes, the wrapper calls the original)."""
+    """Whether `recomputed_activations(model)` changes a pass of `model`: its parameters are plain tensors (a ZeRO-3,
+    FSDP or FSDP2 shard would have to be gathered again in the backward; a tensor subclass may have no storage) and
+    it has an RMSNorm or SwiGLU MLP module. Changes nothing."""
     if parameter_layouts(model) - {PLAIN} or not all(_plain(p) for p in model.parameters()):
         return False
     if any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules()):
         return False
-    found = False
-    for module in model.modules():
-        found = _wrap(type(module)) or found
-    return found
+    return any(_wrapper(type(m)) is not None for m in model.modules())
 
 
 @contextmanager
-def recomputed_activations():
-    """Inside the block (in this thread), the RMSNorms and SwiGLU MLPs of models that
-    `recompute_activations_applies` accepted keep only their inputs for the backward, as the module docstring says.
+def recomputed_activations(model: nn.Module):
+    """Inside the block (in this thread), the RMSNorms and SwiGLU MLPs of `model` (one that
+    `recompute_activations_applies` accepted) keep only their inputs for the backward, as the module docstring says.
+    Each such module gets the wrapper as its own `forward` attribute while a block over it is open (the last to close
+    deletes it); its class, and every module outside `model` (a reward model, another copy), are untouched, and a
+    module that already has a `forward` attribute of someone else's (an offload hook's) is left as it is. Outside
+    the block's thread and for a module the module docstring excludes, the wrapper calls the class's forward.
     Gradient checkpointing that reruns a layer outside the block would see other saved tensors: the caller leaves it
     out then (`grpo_scoring.recomputes_in_backward`)."""
+    scoped = []
+    with _SCOPE_LOCK:
+        for module in model.modules():
+            wrapper = _wrapper(type(module))
+            if wrapper is None:
+                continue
+            entry = _SCOPED.get(module)
+            if entry is None:
+                if "forward" in vars(module):
+                    continue
+                entry = _SCOPED[module] = [0, types.MethodType(wrapper, module)]
+                module.forward = entry[1]
+            entry[0] += 1
+            scoped.append(module)
     recipes = _Recipes()
     token = _RECIPES.set(recipes)
     try:
@@ -293,3 +309,11 @@ def recomputed_activations():
     finally:
         _RECIPES.reset(token)
         recipes.by_storage.clear()
+        with _SCOPE_LOCK:
+            for module in scoped:
+                entry = _SCOPED[module]
+                entry[0] -= 1
+                if not entry[0]:
+                    del _SCOPED[module]
+                    if vars(module).get("forward") is entry[1]:
+                        del vars(module)["forward"]

@@ -235,7 +235,7 @@ def score_completions(
     head_input = head_input_captured(model) if chunked_logprobs else nullcontext()
     grouped = grouped_kv_sdpa() if grouped_kv_attention and grouped_kv_sdpa_applies(model) else nullcontext()
     recompute = recompute_elementwise_activations and torch.is_grad_enabled() and not recomputes_in_backward(model)
-    lean = recomputed_activations() if recompute and recompute_activations_applies(model) else nullcontext()
+    lean = recomputed_activations(model) if recompute and recompute_activations_applies(model) else nullcontext()
     head = extract_model_from_parallel(model).get_output_embeddings() if chunked_logprobs else None
 
     def scored(outputs, targets: torch.Tensor, source=None) -> tuple[torch.Tensor, torch.Tensor | None]:
