@@ -1,0 +1,81 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""A training step leaves the process as it found it: torch's and transformers' functions, the classes of the model
+and of `torch.nn`, and a patch of `torch.multinomial` that another library installed after trl's import."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs in a fresh process, so that no earlier test has imported, wrapped or restored anything.
+SCRIPT = r"""
+import json, sys, tempfile
+
+import torch
+import transformers.integrations.sdpa_attention as sdpa_attention
+import transformers.models.qwen2.modeling_qwen2 as modeling_qwen2
+
+import trl
+import trl.tasks
+from trl.models.tiny import build_tiny_causal_lm
+
+torch_multinomial = torch.multinomial
+
+
+def theirs(*args, **kwargs):  # another library's patch, installed after trl's import
+    return torch_multinomial(*args, **kwargs)
+
+
+torch.multinomial = theirs
+
+
+def snapshot():
+    own = modeling_qwen2.__name__
+    classes = [c for c in vars(modeling_qwen2).values() if isinstance(c, type) and c.__module__ == own]
+    classes += [torch.nn.Linear, torch.nn.Embedding, torch.nn.Module]
+    return {
+        "torch.multinomial": torch.multinomial,
+        "use_gqa_in_sdpa": sdpa_attention.use_gqa_in_sdpa,
+        **{f"sdpa_attention.{name}": value for name, value in vars(sdpa_attention).items()},
+        **{
+            f"{cls.__qualname__}.{name}": value
+            for cls in classes
+            for name, value in vars(cls).items()
+            if callable(value) or isinstance(value, (staticmethod, classmethod, property))
+        },
+    }
+
+
+def length(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    path = build_tiny_causal_lm(f"{tmp}/model", corpus=trl.tasks.arithmetic_corpus())
+    before = snapshot()
+    config = trl.GRPOConfig(
+        output_dir=f"{tmp}/out", use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        per_device_train_batch_size=4, num_generations=4, max_completion_length=4, max_steps=1, beta=0.04,
+        gradient_checkpointing=False, recompute_elementwise_activations=True, retain_freed_cpu_memory=False,
+    )  # fmt: skip
+    trainer = trl.GRPOTrainer(
+        model=path, reward_funcs=length, args=config, train_dataset=trl.tasks.make_arithmetic_dataset(16)
+    )
+    trainer.train()
+    after = snapshot()
+changed = sorted(name for name in before.keys() | after.keys() if before.get(name) is not after.get(name))
+verdict = {"changed": changed, "theirs_installed": torch.multinomial is theirs, "steps": trainer.state.global_step}
+print(json.dumps(verdict))
+"""
+
+
+def test_a_training_step_changes_no_library_function_or_class():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdict = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdict == {"changed": [], "theirs_installed": True, "steps": 1}
