@@ -1,5 +1,5 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""`retain_freed_cpu_memory`: glibc keeps freed blocks for reuse, so new tensors stop faulting in fresh pages."""
+"""`retain_freed_cpu_memory` (opt-in): glibc keeps freed blocks for reuse, so new tensors stop faulting in fresh pages."""
 
 import platform
 import resource
@@ -129,24 +129,42 @@ def model_dir(tmp_path_factory):
     return build_tiny_causal_lm(str(tmp_path_factory.mktemp("cpu_memory_model")), corpus=arithmetic_corpus())
 
 
-def test_the_trainer_allocates_adamw_state_before_the_first_step(model_dir, tmp_path):
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_the_trainer_applies_the_settings_when_training_starts_and_only_when_asked(model_dir, tmp_path, monkeypatch):
     from test_iterative_grpo import make_trainer
     from transformers import TrainerCallback
 
+    from trl.trainer import cpu_memory
+
+    # glibc stand-in: the real settings would hold for the rest of this test process
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(cpu_memory, "libc", FakeLibc)
+    monkeypatch.setattr(cpu_memory, "_applied", False)
     seen = []
 
     class Spy(TrainerCallback):
         def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
             if state.global_step == 0:
-                seen.append(len(optimizer.optimizer.state))
+                seen.append((len(calls), len(optimizer.optimizer.state)))
 
     trainers = {}
-    for retain in (True, False):
-        trainer = make_trainer(model_dir, tmp_path / str(retain), max_steps=2, retain_freed_cpu_memory=retain)
+    for retain in (None, True):  # None: the default config
+        overrides = {} if retain is None else {"retain_freed_cpu_memory": retain}
+        trainer = make_trainer(model_dir, tmp_path / str(retain), max_steps=2, **overrides)
+        assert trainer.args.retain_freed_cpu_memory is bool(retain) and calls == []  # building never calls mallopt
         trainer.add_callback(Spy())
         trainer.train()
         trainers[retain] = trainer
+    settings = [(-3, 32 * 2**20), (-1, 2**31 - 1), (-4, 0)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_MMAP_MAX
+    assert calls == settings  # once, by the second trainer's train()
     trainable = sum(1 for p in trainers[True].model.parameters() if p.requires_grad)
-    assert seen == [trainable, 0]  # made before the first step / lazily at it
-    for a, b in zip(trainers[True].model.parameters(), trainers[False].model.parameters()):
+    # default: no mallopt, AdamW's state made lazily at the first step; asked: both before the first step
+    assert seen == [(0, 0), (3, trainable)]
+    for a, b in zip(trainers[None].model.parameters(), trainers[True].model.parameters()):
         assert torch.equal(a, b)  # the same training

@@ -114,7 +114,7 @@ OUR_ONLY_DEFAULTS = {
     "chunked_logprobs": True,
     "grouped_kv_attention": True,
     "recompute_elementwise_activations": False,
-    "retain_freed_cpu_memory": True,
+    "retain_freed_cpu_memory": False,
     "max_prompt_length": None,
     "ref_model_sync_strategy": "steps",
     "offload_ref_model": False,

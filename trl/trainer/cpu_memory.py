@@ -13,7 +13,11 @@ other threads allocate from their own glibc heaps of at most 64 MiB, which still
 
 Where long-lived tensors land matters then too: AdamW creates its two moments (2 × the trainable parameters) at its
 first step, in whatever gaps the first step's temporaries left, and the later steps' temporaries no longer fit
-around them. `OptimizerStateFirst` creates them before the first step instead (same zeros, same dtypes)."""
+around them. `RetainFreedMemoryCallback` creates them before the first step instead (same zeros, same dtypes).
+
+Both are opt-in: `GRPOConfig.retain_freed_cpu_memory=True` (off by default) applies them when training starts, or a
+user calls `retain_freed_memory` (and `allocate_adam_state`) themselves. The glibc settings hold for the whole process
+and cannot be undone, so nothing here runs when a trainer is only built."""
 
 import ctypes
 import functools
@@ -118,12 +122,13 @@ def allocate_adam_state(optimizer: torch.optim.Optimizer) -> int:
     return made
 
 
-class OptimizerStateFirst(TrainerCallback):
-    """At the start of training (after a checkpoint's optimizer state is loaded), `allocate_adam_state`: the moments
-    are then allocated before any step's temporaries (see the module docstring)."""
+class RetainFreedMemoryCallback(TrainerCallback):
+    """`retain_freed_cpu_memory=True` on a CPU run: at the start of training (after a checkpoint's optimizer state is
+    loaded, before the first step), `retain_freed_memory`, then, where glibc took the settings, `allocate_adam_state`:
+    the moments are then allocated before any step's temporaries (see the module docstring)."""
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
-        if optimizer is not None and (made := allocate_adam_state(optimizer)):
+        if retain_freed_memory() and optimizer is not None and (made := allocate_adam_state(optimizer)):
             logger.info(
                 f"retain_freed_cpu_memory: Adam(W) state of {made} parameters allocated before the first step."
             )

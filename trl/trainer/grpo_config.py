@@ -152,14 +152,15 @@ class GRPOConfig(TrainingArguments):
             and token on SmolLM2-135M. Off by default, as the slower path (0.55-0.83 s more per ~8.5 s SmolLM2 step);
             it pays where activations set the peak. Off for sharded parameters, autocast and gradient checkpointing;
             see "Element-wise activations rebuilt in the backward".
-        retain_freed_cpu_memory (`bool`, *optional*, defaults to `True`):
-            On a CPU run with glibc (Linux), keep the memory that freed tensors give back in the process for the next
-            ones (`mallopt`: no mmap of glibc's own on the main thread's heap, trim threshold 2 GiB;
-            `trainer.cpu_memory`) instead of faulting in fresh pages every step; process-wide, for good. Peak RSS −38
-            to +69 MB in seven paired SmolLM2 runs. Adam(W)'s moments are also made when training starts, not at
-            the first step (`cpu_memory.allocate_adam_state`; the same updates bit for bit), so that they do not land
-            among that step's temporaries (−76 MB of peak with `offload_ref_model=True`); a trainable parameter that
-            never gets a gradient then has zero moments too (in memory and in checkpoints).
+        retain_freed_cpu_memory (`bool`, *optional*, defaults to `False`):
+            On a CPU run with glibc (Linux), when training starts, make glibc keep the memory of freed tensors in the
+            process for the next ones (`trl.trainer.cpu_memory.retain_freed_memory()`, also callable yourself) instead
+            of faulting in fresh pages: 4 to a few thousand faults per SmolLM2-135M step instead of ~200,000, peak RSS
+            −38 to +69 MB in seven paired runs. Off by default: it holds for the whole process and cannot be undone
+            (other code and forked workers keep it; resident memory stays near its high-water mark). Adam(W)'s moments
+            are then also made when training starts (`cpu_memory.allocate_adam_state`; the same updates bit for bit),
+            not among the first step's temporaries (−76 MB of peak with `offload_ref_model=True`); a trainable
+            parameter that never gets a gradient then has zero moments too (in memory and in checkpoints).
 
         > Parameters that control the loss
 
@@ -434,8 +435,8 @@ class GRPOConfig(TrainingArguments):
         metadata={"help": "Rebuild RMSNorm and SwiGLU intermediates in the backward instead of saving them."},
     )
     retain_freed_cpu_memory: bool = field(
-        default=True,
-        metadata={"help": "On a CPU run (glibc), keep freed memory in the process for reuse (mallopt)."},
+        default=False,
+        metadata={"help": "CPU/glibc: at train start, keep freed memory for reuse (mallopt; process-wide, for good)."},
     )
 
     # Loss

@@ -35,7 +35,7 @@ from ..models.utils import (
 )
 from ..rewards._utils import completion_text
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
-from .cpu_memory import OptimizerStateFirst, retain_freed_memory
+from .cpu_memory import RetainFreedMemoryCallback
 from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import (
     REF_ADAPTER_FILE,
@@ -261,10 +261,9 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         )
         check_distributed_setup(self.accelerator)
         if args.retain_freed_cpu_memory and self.accelerator.device.type == "cpu":
-            # process-wide (glibc): freed tensors' memory is reused instead of faulted in again, and AdamW's moments
-            # are allocated before the first step's temporaries
-            if retain_freed_memory():
-                self.add_callback(OptimizerStateFirst())
+            # opt-in and process-wide (glibc), so applied when training starts, not here: freed tensors' memory is
+            # reused instead of faulted in again, and AdamW's moments are allocated before the first step's temporaries
+            self.add_callback(RetainFreedMemoryCallback())
         # Losses are means over the micro-batch: let Trainer divide by the accumulation steps.
         self.model_accepts_loss_kwargs = False
         # One dataloader item = one local generation batch (see RepeatSampler).
