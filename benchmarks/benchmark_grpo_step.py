@@ -25,8 +25,8 @@ from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 
 from trl import GRPOConfig, GRPOTrainer, create_reference_model  # noqa: E402
 from trl.models.tiny import QWEN2_5_0_5B_SHAPE, build_tiny_causal_lm  # noqa: E402
+from trl.reference.ref_sync import mix_tensors_  # noqa: E402
 from trl.tasks import accuracy_reward, arithmetic_corpus, closeness_reward, make_arithmetic_dataset  # noqa: E402
-from trl.trainer.ref_sync import mix_tensors_  # noqa: E402
 
 
 class StepTimer(TrainerCallback):

@@ -32,8 +32,8 @@ import torch  # noqa: E402
 from _smoke import parse_args_with_smoke  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from trl.trainer.grpo_scoring import score_completions  # noqa: E402
-from trl.trainer.prefix_sharing import pack_completions, unique_prompt_rows  # noqa: E402
+from trl.scoring.grpo_scoring import score_completions  # noqa: E402
+from trl.scoring.prefix_sharing import pack_completions, unique_prompt_rows  # noqa: E402
 
 
 SMOKE = dict(model="tiny", lengths="8", repeats=1)

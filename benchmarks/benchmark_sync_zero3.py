@@ -127,7 +127,7 @@ def main(argv=None) -> None:
     import torch.distributed as dist
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trl.trainer.ref_sync import mix_tensors_, pair_for_sync
+    from trl.reference.ref_sync import mix_tensors_, pair_for_sync
 
     sys.setswitchinterval(1e-4)  # let the RSS sampler in
     deepspeed.init_distributed(dist_backend="gloo")

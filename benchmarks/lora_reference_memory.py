@@ -16,8 +16,8 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from trl.models.tiny import QWEN2_5_0_5B_SHAPE, build_tokenizer, tiny_qwen2_config
+from trl.reference.ref_sync import REFERENCE_ADAPTER, add_reference_adapter
 from trl.tasks import arithmetic_corpus
-from trl.trainer.ref_sync import REFERENCE_ADAPTER, add_reference_adapter
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's shared helpers

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from trl.trainer import activation_recompute
-from trl.trainer.activation_recompute import _Recipes, recompute_activations_applies, recomputed_activations
-from trl.trainer.grpo_scoring import score_completions
+from trl.scoring import activation_recompute
+from trl.scoring.activation_recompute import _Recipes, recompute_activations_applies, recomputed_activations
+from trl.scoring.grpo_scoring import score_completions
 
 
 def tiny(kind: str = "llama", **overrides):
@@ -177,7 +177,7 @@ def test_score_completions_uses_it_only_with_gradients_and_without_checkpointing
         entered.append(scored is model)
         return real(scored)
 
-    monkeypatch.setattr("trl.trainer.grpo_scoring.recomputed_activations", spy)
+    monkeypatch.setattr("trl.scoring.grpo_scoring.recomputed_activations", spy)
     results = {}
     for flag in (False, True):
         model.zero_grad(set_to_none=True)

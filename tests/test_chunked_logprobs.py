@@ -12,17 +12,17 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import AutoModelForCausalLM
 
-from trl.trainer import grpo_scoring
-from trl.trainer.chunked_logprobs import head_logprobs
-from trl.trainer.grpo_losses import selective_log_softmax
-from trl.trainer.grpo_scoring import (
+from trl.scoring import grpo_scoring
+from trl.scoring.chunked_logprobs import head_logprobs
+from trl.scoring.grpo_scoring import (
     cast_lm_head_to_fp32,
     chunked_logprobs_blocker,
     score_completions,
     sparse_tied_embedding_grad,
     tied_input_embedding,
 )
-from trl.trainer.weight_grads import TiedGradSink, _TiedLookup
+from trl.scoring.weight_grads import TiedGradSink, _TiedLookup
+from trl.trainer.grpo_losses import selective_log_softmax
 
 
 def plain_head_logprobs(hidden, weight, bias, index, temperature):
@@ -63,7 +63,7 @@ def test_head_logprobs_single_block_is_kept_for_the_backward():
     plain_logp, plain_ent = plain_head_logprobs(hidden, weight, None, index, 0.7)
     want = torch.autograd.grad((plain_logp * 0.3 + plain_ent * 0.1).sum(), [hidden, weight])
     products, linear = [], F.linear
-    with patch("trl.trainer.chunked_logprobs.F.linear", side_effect=lambda *a: products.append(1) or linear(*a)):
+    with patch("trl.scoring.chunked_logprobs.F.linear", side_effect=lambda *a: products.append(1) or linear(*a)):
         logp, ent = head_logprobs(hidden, weight, None, index, 0.7, True)
         loss = (logp * 0.3 + ent * 0.1).sum()
         first = torch.autograd.grad(loss, [hidden, weight], retain_graph=True)
@@ -235,7 +235,7 @@ def test_chunked_logprobs_runs_plain_for_logit_transforms_and_adapted_heads(tiny
     assert chunked_logprobs_blocker(model) == "final_logit_softcapping=30.0 in the model config"
     ids, mask = batch(model.config.vocab_size)
     grpo_scoring._LOGGED_BLOCKERS.clear()
-    with caplog.at_level(logging.INFO, logger="trl.trainer.grpo_scoring"):
+    with caplog.at_level(logging.INFO, logger="trl.scoring.grpo_scoring"):
         scores = score_completions(model, ids, mask, 6, 1.0, chunked_logprobs=True)
     assert "chunked_logprobs: some log-prob passes run plain (final_logit_softcapping=30.0" in caplog.text
     model.config.final_logit_softcapping = None

@@ -1,6 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Packed weights compute the same logits, and inverse-CDF draws follow torch.multinomial's distribution
-(trl/trainer/cpu_decoding.py)."""
+(trl/generation/cpu_decoding.py)."""
 
 import collections
 import threading
@@ -12,8 +12,8 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-import trl.trainer.cpu_decoding as cpu_decoding
-from trl.trainer.cpu_decoding import (
+import trl.generation.cpu_decoding as cpu_decoding
+from trl.generation.cpu_decoding import (
     MIN_NEW_TOKENS_HEAD,
     MIN_NEW_TOKENS_LAYERS,
     inverse_cdf_draw,
@@ -21,7 +21,7 @@ from trl.trainer.cpu_decoding import (
     packable_linears,
     packed_linear_weights,
 )
-from trl.trainer.grpo_generation import sample_completions
+from trl.generation.grpo_generation import sample_completions
 
 
 needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL-packed products need an MKL build")

@@ -9,14 +9,14 @@ import sys
 import pytest
 import torch
 
-from trl.trainer.cpu_memory import allocate_adam_state
+from trl.models.cpu_memory import allocate_adam_state
 
 
 # A fresh interpreter per case: the setting is process-wide and cannot be undone.
 SCRIPT = """
 import resource, sys
 import torch
-from trl.trainer.cpu_memory import retain_freed_memory
+from trl.models.cpu_memory import retain_freed_memory
 if sys.argv[1] == "on":
     assert retain_freed_memory() is True and retain_freed_memory() is True  # idempotent
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -134,7 +134,7 @@ def test_the_trainer_applies_the_settings_when_training_starts_and_only_when_ask
     from test_iterative_grpo import make_trainer
     from transformers import TrainerCallback
 
-    from trl.trainer import cpu_memory
+    from trl.models import cpu_memory
 
     # glibc stand-in: the real settings would hold for the rest of this test process
     calls = []

@@ -1,6 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """The docs stay true: `[[autodoc]]` targets import, Python snippets compile, and the quick starts train offline."""
 
+import ast
 import glob
 import importlib
 import os
@@ -137,21 +138,42 @@ def test_quick_start_runs_offline(doc, tiny_model, tmp_path):
     assert all("reward" in h for h in trainer.state.log_history[:2])
 
 
-def test_contributing_maps_every_trainer_module():
-    """CONTRIBUTING.md's "Where things go" has one line per module of trl/trainer/, and names no other."""
+def _trl_imports(path: str) -> set[str]:
+    """The modules of `trl` that the module at `path` imports (at the top or inside a function), as paths relative to
+    the root; importing a package counts as importing what its `__init__.py` imports."""
+    module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    package = module.rsplit(".", 1)[0] if not module.endswith(".__init__") else module[: -len(".__init__")]
+    targets = set()
+    for node in ast.walk(ast.parse(_read(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            targets |= {target} | {f"{target}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            targets |= {alias.name for alias in node.names}
+    found = set()
+    for target in targets:
+        as_path = target.replace(".", "/")
+        if os.path.isfile(os.path.join(ROOT, as_path + ".py")):
+            found.add(as_path + ".py")
+        elif os.path.isfile(os.path.join(ROOT, as_path, "__init__.py")) and target != module:
+            found |= _trl_imports(os.path.join(ROOT, as_path, "__init__.py"))
+    return found
+
+
+def test_contributing_maps_every_module_in_layer_order():
+    """CONTRIBUTING.md's "Where things go" has one line per module of `trl/` (package `__init__.py` files aside), names
+    no other, and lists them bottom-up: every module imports only modules listed above it, so there is no cycle."""
     text = _read(os.path.join(ROOT, "CONTRIBUTING.md"))
     section = text[text.index("## Where things go") : text.index("## Tests")]
-    listed = re.findall(r"^- `(\w+\.py)`:", section, re.MULTILINE)
-    modules = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "trl", "trainer", "*.py")))
-    assert sorted(listed) == [m for m in modules if m != "__init__.py"]
+    listed = re.findall(r"^- `(trl/[\w/]+\.py)`:", section, re.MULTILINE)
+    modules = sorted(
+        os.path.relpath(p, ROOT).replace(os.sep, "/")
+        for p in glob.glob(os.path.join(ROOT, "trl", "**", "*.py"), recursive=True)
+        if os.path.basename(p) != "__init__.py"
+    )
+    assert sorted(listed) == modules
     assert len(listed) == len(set(listed))
-    for position, module in enumerate(listed):  # listed bottom-up: a module imports only modules above it
-        source = _read(os.path.join(ROOT, "trl", "trainer", module))
-        names = re.findall(r"^\s*from \.(\w+) import", source, re.MULTILINE)
-        names += [
-            n.strip()
-            for group in re.findall(r"^\s*from \. import ([\w, ]+)", source, re.MULTILINE)
-            for n in group.split(",")
-        ]
-        imported = {f"{name}.py" for name in names}
+    for position, module in enumerate(listed):
+        imported = _trl_imports(os.path.join(ROOT, module)) - {module}
         assert imported <= set(listed[:position]), (module, sorted(imported - set(listed[:position])))

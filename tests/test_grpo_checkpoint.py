@@ -12,19 +12,17 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.grpo_checkpoint import (
-    GENERATION_BUFFER_FILE,
+from trl.reference.ref_checkpoint import (
     REF_ADAPTER_FILE,
     REF_MODEL_FILE,
     REF_SYNC_STATE_FILE,
     SyncReferenceAtResume,
     checkpoint_sync_settings,
-    load_generation_buffer,
     load_reference_state,
     reference_state_without_file,
-    save_generation_buffer,
 )
-from trl.trainer.ref_sync import non_persistent_buffer_names
+from trl.reference.ref_sync import non_persistent_buffer_names
+from trl.trainer.grpo_checkpoint import GENERATION_BUFFER_FILE, load_generation_buffer, save_generation_buffer
 
 
 def test_generation_buffer_round_trip_and_other_world_size(tmp_path, caplog):
@@ -122,9 +120,9 @@ STEPS_2_ALPHA_1 = "sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_
 def _warning_of(caplog, checkpoint, file_name, args):
     """`reference_state_without_file`'s result and the one warning it logged."""
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trl.reference.ref_checkpoint"):
         result = reference_state_without_file(str(checkpoint), file_name, args)
-    messages = [r.getMessage() for r in caplog.records if r.name == "trl.trainer.grpo_checkpoint"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trl.reference.ref_checkpoint"]
     assert len(messages) == 1, messages
     return result, messages[0]
 
@@ -411,7 +409,7 @@ def test_sync_at_resume_uses_its_alpha_and_keeps_the_counters():
 def test_reference_without_file_from_a_run_that_never_synced(tmp_path, caplog, file_name, stateful_callbacks, says):
     state = {"global_step": 4, "epoch": 0.5, "stateful_callbacks": stateful_callbacks}
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))
-    with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trl.reference.ref_checkpoint"):
         assert reference_state_without_file(str(tmp_path), file_name, _args()) == (
             {"num_syncs": 0, "last_sync_step": 0},
             None,

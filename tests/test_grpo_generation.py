@@ -1,13 +1,13 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""The generation paths sample from the distribution plain `generate` samples from (trl/trainer/grpo_generation.py)."""
+"""The generation paths sample from the distribution plain `generate` samples from (trl/generation/grpo_generation.py)."""
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.grpo_generation import sample_completions
-from trl.trainer.prefix_sharing import shared_prefix_cache, unique_prompt_rows
+from trl.generation.grpo_generation import sample_completions
+from trl.scoring.prefix_sharing import shared_prefix_cache, unique_prompt_rows
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_lora_under_bf16_autocast_prefills_as_generate_does(tiny_lm_path, mixed)
     keys and values are float32 like the decode steps' (a bf16 cache made SDPA fail on mixed query/value dtypes) and
     greedy decoding gives plain `generate`'s tokens."""
     peft = pytest.importorskip("peft")
-    from trl.trainer.grpo_generation import generation_forward_model
+    from trl.generation.grpo_generation import generation_forward_model
 
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
@@ -118,7 +118,7 @@ def test_alora_generates_as_generate_does(tiny_lm_path):
     """aLoRA applies its adapter only from the invocation tokens on, offsets that PEFT's forward and `generate`
     compute from each call's ids: a prompt pass on the base model would skip them, so generation runs plain."""
     peft = pytest.importorskip("peft")
-    from trl.trainer.grpo_generation import shared_prefix_blocker
+    from trl.generation.grpo_generation import shared_prefix_blocker
 
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
@@ -202,8 +202,8 @@ def test_first_token_frequencies_match_the_sampling_distribution(lm, sampling, i
     "sampling", [dict(temperature=0.7, top_k=10), dict(top_p=0.8, min_p=0.05, repetition_penalty=1.5)]
 )
 def test_shared_prefix_draws_the_same_tokens_as_generate_with_several_eos_ids(lm, sampling, monkeypatch):
-    import trl.trainer.grpo_generation as module
-    from trl.trainer.prefix_sharing import _PreallocatedLayer
+    import trl.generation.grpo_generation as module
+    from trl.scoring.prefix_sharing import _PreallocatedLayer
 
     caches, make_cache = [], module.shared_prefix_cache
     monkeypatch.setattr(
@@ -238,7 +238,7 @@ def test_shared_prefix_draws_the_same_tokens_as_generate_with_several_eos_ids(lm
 def test_shared_prefix_falls_back_to_generate_without_a_cache(lm, monkeypatch):
     """`use_cache=False` (e.g. from `generation_kwargs`): nothing to share, so the same draws as plain `generate`
     (a shared cache would be read next to the whole re-fed prefix), and no prefill is run."""
-    import trl.trainer.grpo_generation as module
+    import trl.generation.grpo_generation as module
 
     model, tokenizer = lm
     ids, mask = _prompts(tokenizer, ["1+2=", "13+4+5="], repeats=4)
@@ -282,7 +282,7 @@ def test_grpo_generation_config_maps_the_sampling_fields_and_lets_generation_kwa
     from transformers import AutoTokenizer
 
     from trl import GRPOConfig
-    from trl.trainer.grpo_generation import grpo_generation_config
+    from trl.generation.grpo_generation import grpo_generation_config
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
     args = GRPOConfig(
@@ -325,7 +325,7 @@ def test_generation_options_give_the_ids_of_plain_generate(lm, options, blocker)
     plain, shared = _sampled_twice(model, ids, mask, config)
     assert plain.size(0) == ids.size(0) * (config.num_return_sequences or 1) and plain.size(1) <= 5
     assert torch.equal(shared, plain)
-    from trl.trainer.grpo_generation import shared_prefix_blocker
+    from trl.generation.grpo_generation import shared_prefix_blocker
 
     assert shared_prefix_blocker(model, ids, mask, config) == blocker
 
@@ -363,7 +363,7 @@ def test_the_models_own_generation_config_decides_the_path(tiny_lm_path, tmp_pat
         config.do_sample = True
     plain, shared = _sampled_twice(model, ids, mask, config)
     assert torch.equal(shared, plain)
-    from trl.trainer.grpo_generation import effective_generation_config, shared_prefix_blocker
+    from trl.generation.grpo_generation import effective_generation_config, shared_prefix_blocker
 
     assert shared_prefix_blocker(model, ids, mask, config) == blocker
     assert config.cache_implementation is None and config.num_beams is None  # ours is left as it was

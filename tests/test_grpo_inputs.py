@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.data_utils import is_conversational
-from trl.trainer.grpo_generation import completion_id_lists, left_pad, pad_completions
+from trl.generation.grpo_generation import completion_id_lists, left_pad, pad_completions
 from trl.trainer.grpo_inputs import (
     RepeatSampler,
     derived_seed,

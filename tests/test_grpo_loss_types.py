@@ -10,8 +10,8 @@ import torch
 from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM, TrainerState
 
 from trl import GRPOConfig, GRPOTrainer
+from trl.scoring.grpo_scoring import router_aux_loss_settings
 from trl.trainer.entropy_control import EntropyCoefficient
-from trl.trainer.grpo_scoring import router_aux_loss_settings
 
 
 def first_token_reward(completion_ids, **kwargs):
@@ -226,7 +226,7 @@ def test_router_aux_loss_is_added_with_its_weight(loss_trainer, monkeypatch):
     """loss = policy term + router_aux_loss_coef · aux_loss (transformers' Trainer then divides the whole loss by the
     accumulation steps, as TRL divides each term); `aux_loss` is logged as is."""
     import trl.trainer.grpo_trainer as module
-    from trl.trainer.grpo_scoring import Scores
+    from trl.scoring.grpo_scoring import Scores
 
     trainer = loss_trainer()
     batch = hand_made_batch(trainer)

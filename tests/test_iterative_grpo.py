@@ -11,9 +11,9 @@ from transformers import TrainerCallback, set_seed
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.tiny import build_tiny_causal_lm
+from trl.reference.ref_checkpoint import REF_ADAPTER_FILE, REF_MODEL_FILE, REF_SYNC_STATE_FILE
+from trl.reference.ref_sync import REFERENCE_ADAPTER
 from trl.tasks import arithmetic_corpus, make_arithmetic_dataset
-from trl.trainer.grpo_checkpoint import REF_ADAPTER_FILE, REF_MODEL_FILE, REF_SYNC_STATE_FILE
-from trl.trainer.ref_sync import REFERENCE_ADAPTER
 
 
 peft = pytest.importorskip("peft")

@@ -1,5 +1,5 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""trl/trainer/layouts.py on one process: plain tensors, and a DTensor on a one-rank gloo mesh (ZeRO-3 partitions and
+"""trl/reference/layouts.py on one process: plain tensors, and a DTensor on a one-rank gloo mesh (ZeRO-3 partitions and
 two-rank shards: tests/test_distributed.py)."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trl.trainer.layouts import (
+from trl.reference.layouts import (
     DTENSOR,
     PLAIN,
     full_shape,

@@ -17,9 +17,10 @@ from conftest import tiny_grpo_kwargs
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from trl import GRPOConfig, GRPOTrainer
+from trl.generation import grpo_generation
+from trl.scoring import grpo_scoring
 from trl.tasks import make_arithmetic_dataset
 from trl.tasks.arithmetic import SUM_QUESTION
-from trl.trainer import grpo_generation, grpo_scoring
 
 
 # every performance path off: what TRL computes (generation is replayed, so only scoring differs in these runs)

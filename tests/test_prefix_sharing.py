@@ -1,5 +1,5 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Shared-prefix scoring (trl/trainer/prefix_sharing.py, grpo_scoring.score_completions(share_prefix=True)): the same
+"""Shared-prefix scoring (trl/scoring/prefix_sharing.py, grpo_scoring.score_completions(share_prefix=True)): the same
 log-probs, entropies and gradients as one plain pass, with each distinct prompt computed once."""
 
 import functools
@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer import grpo_scoring
-from trl.trainer.grpo_scoring import score_completions
-from trl.trainer.prefix_sharing import (
+from trl.scoring import grpo_scoring
+from trl.scoring.grpo_scoring import score_completions
+from trl.scoring.prefix_sharing import (
     PACKABLE_MODEL_TYPES,
     pack_completions,
     packing_blocker,
@@ -353,7 +353,7 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
     """Two optimizer steps with TRL's default gradient checkpointing: the same loss, entropy and gradient norm at each
     step (Adam's first step is lr·sign(g), so equal parameters alone would not show equal gradients), the same
     parameters."""
-    from trl.trainer import grpo_scoring
+    from trl.scoring import grpo_scoring
 
     shared_passes = []  # (gradients on, rows) of every pass that shared its prompts: in a cache, or inline
     make_cache, pack = grpo_scoring.shared_prefix_cache, grpo_scoring.pack_completions
@@ -541,7 +541,7 @@ def test_packed_rows_that_leave_out_the_longest_prompt_keep_longrope_exact():
 def test_split_lengths_counts_the_attended_tokens_of_the_longest_row():
     """The positions the prompt pass (the first P - 1 columns) and the whole forward reach: `max(position_ids) + 1`
     as scoring numbers them, so scoring and generation decide the RoPE check on the same numbers."""
-    from trl.trainer.prefix_sharing import position_ids_from_mask
+    from trl.scoring.prefix_sharing import position_ids_from_mask
 
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]])
     for prompt_length in (2, 3, 4, 5):
@@ -583,7 +583,7 @@ def test_shared_prefix_generation_is_exact_for_every_rope_type(rope_type):
     RoPE frequencies (longrope: 9 tokens, just over its limit of 8; dynamic: 17 > 16) and at one where they do not."""
     from transformers import GenerationConfig
 
-    from trl.trainer.grpo_generation import sample_completions
+    from trl.generation.grpo_generation import sample_completions
 
     config = GenerationConfig(
         max_new_tokens=6, do_sample=True, top_k=0, pad_token_id=0, eos_token_id=None, disable_compile=True,
@@ -609,7 +609,7 @@ def test_shared_prefix_generation_is_exact_for_every_rope_type(rope_type):
         for a, b in zip(plain.logits, shared.logits, strict=True):
             assert (a - b).abs().max() <= 1e-5, (prompt_length, (a - b).abs().max())
         batches.append((prompt_length, model, ids, mask))
-    from trl.trainer.grpo_generation import shared_prefix_blocker
+    from trl.generation.grpo_generation import shared_prefix_blocker
 
     crosses = {"longrope": ORIGINAL_MAX_POSITIONS + 1, "dynamic": MAX_POSITIONS + 1}.get(rope_type)
     for prompt_length, model, ids, mask in batches:  # plain generate exactly where the two passes would differ
@@ -621,7 +621,7 @@ def test_the_prefix_rows_gradient_is_the_same_in_every_run():
     """The read-only prefix expands U prompts to N rows; the backward sums each prompt's N/U row gradients. With
     `keys[inverse]` that sum ran as multi-threaded atomic adds on the CPU (from 32,768 elements on), in an order that
     changed from run to run: a resumed run then differed from an uninterrupted one in the last bits."""
-    from trl.trainer.prefix_sharing import _PrefixLayer
+    from trl.scoring.prefix_sharing import _PrefixLayer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -723,7 +723,7 @@ def test_auto_layout_charges_the_prompt_pass():
     """One 10-token prompt (K = 9 cached positions), positions only. Two 2-token completions: cache 2 × 2 + 2.5 × 9
     = 26.5 against inline 2 rows × (10 + 1) = 22: inline. Four 8-token ones: cache 4 × 8 + 22.5 = 54.5 against
     inline 4 × (10 + 7) = 68: the cache layout."""
-    from trl.trainer.prefix_sharing import PROMPT_PASS_COST_FACTOR
+    from trl.scoring.prefix_sharing import PROMPT_PASS_COST_FACTOR
 
     assert PROMPT_PASS_COST_FACTOR == 2.5
     for rows, tokens, inline in ((2, 2, True), (4, 8, False)):
@@ -799,7 +799,7 @@ def test_other_models_and_attention_kernels_score_padded(model):
 
 
 def test_generation_cache_writes_in_place_until_its_room_is_used_up():
-    from trl.trainer.prefix_sharing import _PreallocatedLayer
+    from trl.scoring.prefix_sharing import _PreallocatedLayer
 
     g = torch.Generator().manual_seed(0)
     keys, values = torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 3, 4, 8, generator=g)

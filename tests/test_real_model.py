@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.gguf import SMOLLM2_GGUF_FILE, smollm2_gguf_path
+from trl.scoring.grpo_scoring import score_completions
 from trl.tasks import SUM_QUESTION, make_arithmetic_dataset
-from trl.trainer.grpo_scoring import score_completions
 
 
 def sum_questions(n: int = 8) -> Dataset:
@@ -280,7 +280,7 @@ def test_recomputed_activations_are_as_close_to_float64_as_the_plain_pass(smollm
     relative), with 40 % less kept for the backward."""
     from test_activation_recompute import saved_bytes
 
-    from trl.trainer.activation_recompute import recompute_activations_applies
+    from trl.scoring.activation_recompute import recompute_activations_applies
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).train()
     assert recompute_activations_applies(model)
@@ -302,7 +302,7 @@ def test_packed_scoring_equals_the_padded_pass_on_chat_prompts(smollm2_path, lay
     """The trainer's scoring defaults with the completions (5 and 8 tokens here) packed end to end, on the shared
     prompt cache or after their prompt in one pass, against the padded pass on the shared prompt: log-probs,
     entropies and gradients to float rounding, from fewer positions."""
-    from trl.trainer.prefix_sharing import pack_completions, unique_prompt_rows
+    from trl.scoring.prefix_sharing import pack_completions, unique_prompt_rows
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).train()
     input_ids, mask = chat_batch(AutoTokenizer.from_pretrained(smollm2_path))
@@ -336,8 +336,8 @@ def test_packed_weights_draw_the_same_tokens_on_chat_prompts(smollm2_path):
     tokens, no EOS, so that every step decodes all rows), the same tokens as the plain layers from the same seed."""
     from transformers import GenerationConfig
 
-    from trl.trainer.cpu_decoding import MIN_NEW_TOKENS_LAYERS
-    from trl.trainer.grpo_generation import sample_completions
+    from trl.generation.cpu_decoding import MIN_NEW_TOKENS_LAYERS
+    from trl.generation.grpo_generation import sample_completions
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from trl import GRPOConfig
 from trl.models.tiny import build_tiny_causal_lm
+from trl.reference.ref_offload import OffloadedReference
 from trl.tasks import arithmetic_corpus
-from trl.trainer.ref_offload import OffloadedReference
 
 
 pytestmark = pytest.mark.skipif(platform.system() != "Linux", reason="madvise: Linux only")
@@ -145,7 +145,7 @@ def test_training_sync_checkpoint_and_resume_are_bitwise_the_same(model_dir, tmp
 
 
 def test_a_failed_write_back_keeps_the_values(model_dir, tmp_path, monkeypatch):
-    from trl.trainer import ref_offload
+    from trl.reference import ref_offload
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, tie_word_embeddings=False).requires_grad_(False)
     offload = OffloadedReference(model, str(tmp_path))
@@ -203,7 +203,7 @@ def test_the_trainer_passes_its_scoring_fields(model_dir, tmp_path, monkeypatch,
 def test_file_system_type_and_the_ram_warning(model_dir, tmp_path, monkeypatch, caplog):
     import logging
 
-    from trl.trainer import ref_offload
+    from trl.reference import ref_offload
 
     assert ref_offload.file_system_type("/proc") == "proc"
     if os.path.isdir("/dev/shm") and ref_offload.file_system_type("/dev/shm") == "tmpfs":

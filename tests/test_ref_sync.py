@@ -1,5 +1,5 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""Reference syncing (trl.trainer.ref_sync): ref ← round(fp32 lerp(ref, policy, α)); α = 1 copies bits; the pairing
+"""Reference syncing (trl.reference.ref_sync): ref ← round(fp32 lerp(ref, policy, α)); α = 1 copies bits; the pairing
 of the two models' tensors; the reference a policy gets. Multi-process layouts: tests/test_distributed.py."""
 
 import warnings
@@ -11,8 +11,8 @@ from transformers import Qwen2ForCausalLM
 
 from trl import sync_reference_model
 from trl.models.tiny import build_tokenizer, tiny_qwen2_config
-from trl.trainer.layouts import tensor_layout
-from trl.trainer.ref_sync import REFERENCE_ADAPTER, ReferenceSync, make_reference, mix_tensors_, pair_for_sync
+from trl.reference.layouts import tensor_layout
+from trl.reference.ref_sync import REFERENCE_ADAPTER, ReferenceSync, make_reference, mix_tensors_, pair_for_sync
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from upstream_venv import upstream_env, upstream_trl_python_or_skip
 
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.grpo_checkpoint import REF_ADAPTER_FILE, REF_MODEL_FILE, REF_SYNC_STATE_FILE
+from trl.reference.ref_checkpoint import REF_ADAPTER_FILE, REF_MODEL_FILE, REF_SYNC_STATE_FILE
 
 
 PROMPTS = [f"{a}+{b}=" for a in range(8) for b in range(4)]
@@ -143,7 +143,7 @@ def test_resume_a_trl_checkpoint(tiny_lm_path, trl_checkpoint, tmp_path, caplog,
     initial = {k: v.clone() for k, v in trainer._reference_tensors().items()}
     probe = FirstStepReference(trainer)
     trainer.add_callback(probe)
-    with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trl.reference.ref_checkpoint"):
         trainer.train(resume_from_checkpoint=trl_checkpoint)  # used to fail at the step-2 save: KeyError
 
     assert trainer.state.global_step == 2

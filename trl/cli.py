@@ -16,6 +16,8 @@ import argparse
 import os
 import sys
 
+from .scripts.utils import TRACEBACK_FLAG, wants_traceback
+
 
 COMMANDS = ("grpo", "convert-gguf", "env")
 USAGE = """usage: trl {grpo,convert-gguf,env} ... [--traceback]
@@ -26,14 +28,6 @@ USAGE = """usage: trl {grpo,convert-gguf,env} ... [--traceback]
 
   --traceback   show the full traceback of a configuration error (also: TRL_TRACEBACK=1), which is otherwise
                 printed as one line `trl grpo: error: <message>` (exit status 2)"""
-# What `trl grpo` reports as one line when raised before training starts (PathNotFoundError is a FileNotFoundError).
-CONFIG_ERRORS = (ValueError, FileNotFoundError)
-TRACEBACK_FLAG, TRACEBACK_ENV = "--traceback", "TRL_TRACEBACK"
-
-
-def wants_traceback(argv: list[str]) -> bool:
-    """`--traceback` is in `argv` or `TRL_TRACEBACK` is set to something other than "", "0", "false" or "no"."""
-    return TRACEBACK_FLAG in argv or os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def convert_gguf_main(argv: list[str]) -> None:
@@ -114,18 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "convert-gguf":
         convert_gguf_main(argv[1:])
         return 0
-    from .scripts.grpo import build_trainer, train
-    from .scripts.utils import one_line
+    from .scripts.grpo import command
 
-    try:
-        trainer = build_trainer(argv[1:])
-    except CONFIG_ERRORS as error:
-        if show_traceback:
-            raise
-        print(f"trl grpo: error: {one_line(error)}", file=sys.stderr)
-        return 2
-    train(trainer)  # then saves, and finishes the trackers and the process group, as TRL's script does
-    return 0
+    return command(argv[1:] + ([TRACEBACK_FLAG] if show_traceback else []))
 
 
 if __name__ == "__main__":

@@ -165,7 +165,7 @@ def build_trainer(model_dir: str, output_dir: str, generations: list, syncs: lis
 
 def placements(model) -> dict[str, list]:
     """Each parameter's layout and local shape (DTensor placements included): what decides a local sync."""
-    from trl.trainer.layouts import partitioning
+    from trl.reference.layouts import partitioning
 
     return {name: [str(x) for x in partitioning(p)] for name, p in model.named_parameters()}
 
@@ -189,8 +189,8 @@ def generation_probe(trainer, model_dir: str) -> dict:
     shared-prefix, and from a plain (unsharded) copy of its weights; count FSDP2's all-gathers and the forwards."""
     from transformers import AutoModelForCausalLM
 
+    from trl.generation.grpo_generation import sample_completions
     from trl.models.utils import fsdp2_modules, unwrap_model_for_generation
-    from trl.trainer.grpo_generation import sample_completions
 
     policy = trainer.model_wrapped
     config = trainer.generation_config
@@ -237,7 +237,7 @@ def run(mode: str, model_dir: str, out_dir: str) -> dict:
     from safetensors.torch import load_file
 
     from trl.models.utils import adapter_parameters, fsdp2_modules
-    from trl.trainer.prefix_sharing import scoring_sharing_blocker
+    from trl.scoring.prefix_sharing import scoring_sharing_blocker
 
     lora = mode == "fsdp2_lora"
     generations, syncs = [], []

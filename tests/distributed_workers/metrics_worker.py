@@ -94,8 +94,8 @@ def main() -> None:
 
     rank = dist.get_rank()
     trainer.model.train()
+    from trl.scoring.grpo_scoring import Scores
     from trl.trainer import grpo_trainer
-    from trl.trainer.grpo_scoring import Scores
 
     zeros = lambda model, input_ids, *a, **k: Scores(torch.zeros(input_ids.size(0), 25), torch.zeros(4, 25), None)  # noqa: E731
     grpo_trainer.score_completions = zeros  # policy log-probs (and entropies) are 0

@@ -44,7 +44,8 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     from datasets import Dataset
 
     from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer import grpo_scoring, grpo_trainer
+    from trl.scoring import grpo_scoring
+    from trl.trainer import grpo_trainer
 
     extra = {}
     if mode in ("zero2", "zero3"):

@@ -99,8 +99,8 @@ def count_collectives():
 
 def full_state(model) -> dict[str, torch.Tensor]:
     """Every float tensor of `model`, gathered whole on this rank (ZeRO-3 params, DTensors or plain tensors)."""
-    from trl.trainer.layouts import tensor_layout
-    from trl.trainer.ref_sync import named_float_tensors
+    from trl.reference.layouts import tensor_layout
+    from trl.reference.ref_sync import named_float_tensors
 
     tensors = dict(named_float_tensors(model))
     zero3 = [t for t in tensors.values() if tensor_layout(t) == "zero3"]
@@ -261,8 +261,8 @@ def run_grpo(mode: str, model_dir: str, out_dir: str) -> dict:
 def zero3_generation_probe(trainer) -> dict:
     """Plain and shared-prefix generation of the same prompts with the same seed, inside the gathered block of
     `ds3_gather_for_generation=True`: the tokens, the forwards and the collectives inside the call."""
+    from trl.generation.grpo_generation import sample_completions
     from trl.models.utils import unwrap_model_for_generation
-    from trl.trainer.grpo_generation import sample_completions
 
     # 2 distinct 20-token prompts, each twice: long enough for shared-prefix generation to share
     ids = torch.randint(5, 300, (2, 20), generator=torch.Generator().manual_seed(0)).repeat_interleave(2, 0)
@@ -294,8 +294,8 @@ def zero3_generation_probe(trainer) -> dict:
 
 def checkpoint_roundtrip(trainer) -> bool:
     """Save a checkpoint, zero this rank's part of the reference, restore it: is the gathered reference bitwise back?"""
-    from trl.trainer.layouts import local_part
-    from trl.trainer.ref_sync import named_float_tensors
+    from trl.reference.layouts import local_part
+    from trl.reference.ref_sync import named_float_tensors
 
     reference = trainer.accelerator.unwrap_model(trainer.ref_model)
     before = full_state(reference)
@@ -332,7 +332,7 @@ def shared_scoring(trainer) -> dict:
     difference| to one plain pass without gradients, and whether passes without and with gradients share (not for
     ZeRO-3 parameters); then the same for packed rows that start with their prompt (`packed="inline"`: one pass, no
     cache, so also for ZeRO-3 parameters)."""
-    from trl.trainer.grpo_scoring import score_completions
+    from trl.scoring.grpo_scoring import score_completions
 
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(5, 40, (2, 6), generator=g).repeat_interleave(3, 0)
@@ -478,7 +478,7 @@ def run_zero3_lora(model_dir: str, out_dir: str) -> dict:
     from peft import LoraConfig
 
     from trl import GRPOTrainer
-    from trl.trainer.layouts import tensor_layout
+    from trl.reference.layouts import tensor_layout
 
     args = grpo_config(os.path.join(out_dir, "zero3_lora_run"), 3, 1.0)
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")

@@ -201,7 +201,7 @@ def zero3_run(model_dir: str, out_dir: str) -> dict:
     """GRPO under DeepSpeed ZeRO-3 on one process, SHORT_STEPS steps, α = 1, checked by a SyncChecker on gathered
     tensors."""
     from trl import GRPOTrainer
-    from trl.trainer.layouts import partitioning
+    from trl.reference.layouts import partitioning
 
     ds_config = {
         "zero_optimization": {"stage": 3},

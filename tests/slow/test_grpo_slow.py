@@ -175,7 +175,7 @@ def test_shared_prefix_scoring_matches_one_pass(smollm2_path, checkpointing):
     the real chat prompts (one of them left-padded)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl.trainer.grpo_scoring import score_completions
+    from trl.scoring.grpo_scoring import score_completions
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).to(DEVICE)

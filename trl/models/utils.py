@@ -509,7 +509,7 @@ def prepare_deepspeed(model: nn.Module, accelerator) -> nn.Module:
     """Wrap a frozen model in a DeepSpeed inference engine with the ZeRO settings of the policy's `accelerator`.
 
     The engine has no optimizer (the model never trains); under ZeRO-3 its parameters are partitioned exactly like
-    the policy's, which is what lets `trl.trainer.ref_sync` mix the two shard by shard without communication.
+    the policy's, which is what lets `trl.reference.ref_sync` mix the two shard by shard without communication.
 
     Args:
         model: the model to wrap (already partitioned by `deepspeed.zero.Init` when loaded under ZeRO-3, or not).

@@ -8,8 +8,8 @@ Example:
         --sync_ref_model --ref_model_sync_steps 25 --ref_model_mixup_alpha 0.6 --output_dir out
 
 `main(script_args, training_args, model_args, dataset_args)` is TRL 1.16's entry point (parsed dataclasses in,
-trains); `run(argv)` parses and calls it. Both raise every error (for use from Python); the `trl grpo` command
-(`trl.cli`) turns a configuration error raised by `build_trainer` into one `trl grpo: error: ...` line.
+trains); `run(argv)` parses and calls it. Both raise every error (for use from Python); `command(argv)`, what the
+`trl grpo` command runs, turns a configuration error raised by `build_trainer` into one `trl grpo: error: ...` line.
 """
 
 import argparse
@@ -22,13 +22,17 @@ from dataclasses import dataclass, field
 
 from trl import rewards
 from trl.scripts.utils import (
+    CONFIG_ERRORS,
+    TRACEBACK_FLAG,
     DatasetMixtureConfig,
     ScriptArguments,
     TrlParser,
     dataset_split,
     get_dataset,
     load_dataset_from_path,
+    one_line,
     read_yaml_config,
+    wants_traceback,
 )
 from trl.tasks import arithmetic
 from trl.trainer import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
@@ -346,7 +350,25 @@ def run(argv: list[str] | None = None) -> GRPOTrainer:
     return main(*parse_args(argv))
 
 
-if __name__ == "__main__":  # `python trl/scripts/grpo.py ...` or `accelerate launch trl/scripts/grpo.py ...`
-    from trl.cli import main as cli_main
+def command(argv: list[str]) -> int:
+    """`trl grpo ARGV` as the command line runs it; returns the exit status.
 
-    sys.exit(cli_main(["grpo", *sys.argv[1:]]))
+    A configuration error (`CONFIG_ERRORS`, raised while parsing the flags, loading the dataset or building the
+    trainer) prints one line, `trl grpo: error: <message>`, to stderr and returns 2, as argparse does for a bad flag;
+    with `--traceback` in `argv` or `TRL_TRACEBACK=1` it is raised as it is. Errors raised during training are never
+    shortened.
+    """
+    show_traceback = wants_traceback(argv)
+    try:
+        trainer = build_trainer([arg for arg in argv if arg != TRACEBACK_FLAG])
+    except CONFIG_ERRORS as error:
+        if show_traceback:
+            raise
+        print(f"trl grpo: error: {one_line(error)}", file=sys.stderr)
+        return 2
+    train(trainer)  # then saves, and finishes the trackers and the process group, as TRL's script does
+    return 0
+
+
+if __name__ == "__main__":  # `python trl/scripts/grpo.py ...` or `accelerate launch trl/scripts/grpo.py ...`
+    sys.exit(command(sys.argv[1:]))

@@ -149,6 +149,16 @@ class DatasetMixtureConfig:
         self.datasets = [DatasetConfig(**item) if isinstance(item, dict) else item for item in self.datasets]
 
 
+# What `trl grpo` reports as one line when raised before training starts (PathNotFoundError is a FileNotFoundError).
+CONFIG_ERRORS = (ValueError, FileNotFoundError)
+TRACEBACK_FLAG, TRACEBACK_ENV = "--traceback", "TRL_TRACEBACK"
+
+
+def wants_traceback(argv: list[str]) -> bool:
+    """`--traceback` is in `argv` or `TRL_TRACEBACK` is set to something other than "", "0", "false" or "no"."""
+    return TRACEBACK_FLAG in argv or os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
 def _warning_as_log_record(message, category, filename, lineno, file=None, line=None):
     """Stands in for `warnings.showwarning`: the warning is logged by the root logger, at WARNING level, as
     `path:line: Category: message`, so the logging configuration decides whether it is shown."""

@@ -1,11 +1,11 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Trainers, their configs and callbacks."""
 
+from ..reference.ref_sync import sync_reference_model
 from .callbacks import LogCompletionsCallback, RewardModelRefreshCallback, RichProgressCallback, SyncRefModelCallback
 from .grpo_config import GRPOConfig
 from .grpo_trainer import GRPOTrainer
 from .model_config import ModelConfig
-from .ref_sync import sync_reference_model
 from .utils import get_kbit_device_map, get_peft_config, get_quantization_config
 
 

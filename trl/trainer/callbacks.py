@@ -14,7 +14,7 @@ from transformers.utils import is_rich_available, logging
 
 from ..data_utils import maybe_apply_chat_template
 from ..models.utils import unwrap_model_for_generation
-from .ref_sync import ReferenceSync, pair_for_sync, sync_reference_model
+from ..reference.ref_sync import ReferenceSync, pair_for_sync, sync_reference_model
 
 
 logger = logging.get_logger(__name__)
@@ -30,7 +30,7 @@ class SyncRefModelCallback(TrainerCallback):
     schedule leaves no sync in the run. α is `ref_model_mixup_alpha`. α = 1 is Algorithm 1 of DeepSeekMath
     (arXiv 2402.03300); 0 < α < 1 is the soft update of TR-DPO (arXiv 2404.09656). How the tensors are mixed
     (float32 maths, one rounding, fused kernels; local ZeRO-3 partitions and FSDP2 shards mixed without communication)
-    is `trl.trainer.ref_sync`'s job. `num_syncs` is also the reference's version: [`GRPOTrainer`] rescores buffered
+    is `trl.reference.ref_sync`'s job. `num_syncs` is also the reference's version: [`GRPOTrainer`] rescores buffered
     reference log-probs computed at an older one before their loss.
 
     [`GRPOTrainer`] registers exactly one instance when `sync_ref_model=True`; you do not need to add it.

@@ -154,7 +154,7 @@ class GRPOConfig(TrainingArguments):
             see "Element-wise activations rebuilt in the backward".
         retain_freed_cpu_memory (`bool`, *optional*, defaults to `False`):
             On a CPU run with glibc (Linux), when training starts, make glibc keep the memory of freed tensors in the
-            process for the next ones (`trl.trainer.cpu_memory.retain_freed_memory()`, also callable yourself) instead
+            process for the next ones (`trl.models.cpu_memory.retain_freed_memory()`, also callable yourself) instead
             of faulting in fresh pages: 4 to a few thousand faults per SmolLM2-135M step instead of ~200,000, peak RSS
             −38 to +69 MB in seven paired runs. Off by default: it holds for the whole process and cannot be undone
             (other code and forked workers keep it; resident memory stays near its high-water mark). Adam(W)'s moments

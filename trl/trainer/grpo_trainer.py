@@ -2,9 +2,10 @@
 """`GRPOTrainer`: Group Relative Policy Optimization (arXiv 2402.03300) with iterative reference-model syncing.
 
 The trainer orchestrates one step as data: prompts → G completions each → rewards → group advantages →
-policy/old/reference log-probs → clipped loss with a KL penalty. Inputs and seeds live in `grpo_inputs`, sampling in
-`grpo_generation`, the reward pipeline in `grpo_rewards`, log-probs in `grpo_scoring`, the maths in `grpo_losses`,
-metrics in `grpo_metrics`, the reference in `ref_sync` and `callbacks`, checkpoint extras in `grpo_checkpoint`.
+policy/old/reference log-probs → clipped loss with a KL penalty. Inputs and seeds live in `grpo_inputs`, the reward
+pipeline in `grpo_rewards`, the maths in `grpo_losses`, metrics in `grpo_metrics` (all in `trl/trainer/`); sampling in
+`trl/generation/`, log-probs in `trl/scoring/`; the reference (sync, offload, its checkpoint part) in
+`trl/reference/`, *when* it syncs in `callbacks`.
 """
 
 import os
@@ -23,6 +24,15 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from transformers.utils import logging
 
 from ..data_utils import is_conversational
+from ..generation.grpo_generation import (
+    completion_id_lists,
+    decode_completion_lists,
+    grpo_generation_config,
+    left_pad,
+    pad_completions,
+    sample_completions,
+)
+from ..models.cpu_memory import RetainFreedMemoryCallback
 from ..models.utils import (
     check_distributed_setup,
     disable_dropout_in_model,
@@ -33,31 +43,23 @@ from ..models.utils import (
     unwrap_model_for_generation,
     use_adapter,
 )
-from ..rewards._utils import completion_text
-from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
-from .cpu_memory import RetainFreedMemoryCallback
-from .entropy_control import EntropyCoefficient
-from .grpo_checkpoint import (
+from ..reference.ref_checkpoint import (
     REF_ADAPTER_FILE,
     REF_MODEL_FILE,
     SyncReferenceAtResume,
-    add_missing_callback_states,
-    load_generation_buffer,
     load_reference_state,
     reference_state_without_file,
     reference_tensors,
-    save_generation_buffer,
     save_reference_state,
 )
+from ..reference.ref_offload import OffloadedReference
+from ..reference.ref_sync import make_reference, non_persistent_buffer_names
+from ..rewards._utils import completion_text
+from ..scoring.grpo_scoring import cast_lm_head_to_fp32, router_aux_loss_settings, score_completions
+from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
+from .entropy_control import EntropyCoefficient
+from .grpo_checkpoint import add_missing_callback_states, load_generation_buffer, save_generation_buffer
 from .grpo_config import GRPOConfig
-from .grpo_generation import (
-    completion_id_lists,
-    decode_completion_lists,
-    grpo_generation_config,
-    left_pad,
-    pad_completions,
-    sample_completions,
-)
 from .grpo_inputs import (
     RepeatSampler,
     WholeStream,
@@ -101,9 +103,6 @@ from .grpo_rewards import (
     raise_on_every_process,
     weighted_rewards,
 )
-from .grpo_scoring import cast_lm_head_to_fp32, router_aux_loss_settings, score_completions
-from .ref_offload import OffloadedReference
-from .ref_sync import make_reference, non_persistent_buffer_names
 from .reward_model_refresh import RewardModelRefresh
 from .trl_compat import TRLTrainerSurface, check_overrides
 

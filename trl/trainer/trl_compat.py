@@ -8,8 +8,8 @@ from functools import partial
 
 import torch
 
+from ..scoring.grpo_scoring import gather_valid_entropies
 from .grpo_losses import high_entropy_mask, off_policy_sequence_mask
-from .grpo_scoring import gather_valid_entropies
 
 
 # Attributes TRL 1.16's GRPOTrainer copies from its config (`self.<name>`), here read-only views of `self.args` (a

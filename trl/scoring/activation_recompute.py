@@ -37,7 +37,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .layouts import PLAIN, parameter_layouts
+from ..reference.layouts import PLAIN, parameter_layouts
 
 
 # The recipes of the pass under way in this context (None outside `recomputed_activations`).

@@ -12,7 +12,7 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from torch import nn
 
-from .layouts import PLAIN, tensor_layout
+from ..reference.layouts import PLAIN, tensor_layout
 
 
 # Packing a weight costs about what this many decode steps of 16 rows save, one thread, SmolLM2-135M's shapes (the

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from .cpu_memory import libc
+from ..models.cpu_memory import libc
 
 
 logger = logging.get_logger(__name__)

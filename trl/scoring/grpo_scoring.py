@@ -12,10 +12,10 @@ from accelerate.utils import extract_model_from_parallel
 from torch import nn
 from transformers.utils import logging
 
+from ..reference.layouts import PLAIN, tensor_layout
+from ..trainer.grpo_losses import selective_log_softmax
 from .activation_recompute import recompute_activations_applies, recomputed_activations
 from .chunked_logprobs import head_logprobs
-from .grpo_losses import selective_log_softmax
-from .layouts import PLAIN, tensor_layout
 from .prefix_sharing import (
     cache_kept_under_checkpointing,
     checkpointed_modules,

@@ -13,11 +13,11 @@ from transformers.generation import GenerationMode
 from transformers.utils import logging
 
 from ..models.utils import fsdp2_modules, zero3_hooks_removed
+from ..reference.layouts import PLAIN, ZERO3, parameter_layouts
+from ..scoring.prefix_sharing import length_scaled_ropes, rope_sharing_blocker, shared_prefix_cache, split_lengths
+from ..trainer.grpo_config import GENERATION_IMPLEMENTATIONS
+from ..trainer.grpo_losses import completion_mask, pad_to_multiple
 from .cpu_decoding import inverse_cdf_sampling, packed_linear_weights
-from .grpo_config import GENERATION_IMPLEMENTATIONS
-from .grpo_losses import completion_mask, pad_to_multiple
-from .layouts import PLAIN, ZERO3, parameter_layouts
-from .prefix_sharing import length_scaled_ropes, rope_sharing_blocker, shared_prefix_cache, split_lengths
 
 
 logger = logging.get_logger(__name__)
