@@ -15,9 +15,21 @@ with open("trl/__init__.py", encoding="utf-8") as f:
 # take `past_key_values=`), and relies on `GradientCheckpointingLayer._can_checkpoint_with_cache` (5.15+) and on the
 # GGUF quantizer's `GgufConfig(dequantize=True)` / `hf_quantizer` (trl/models/gguf.py); transformers 5.24 itself needs
 # tokenizers>=0.23.1 and safetensors>=0.8.
+# The caps are the next major versions, where private APIs that default paths rely on are expected to change;
+# tests/test_private_api_canaries.py checks each such API and names the module to port when one changes.
+# - transformers<6: transformers 5.25 announces removals for v6, among them the `gradient_checkpointing` field of
+#   `TrainingArguments`, a deprecated alias of `activation_checkpointing` that `GRPOConfig` overrides with a default of
+#   True; the code also relies on the private `GenerationMixin._prepare_generation_config` and
+#   `_supports_default_dynamic_cache`, `DynamicLayer` subclassing,
+#   `GradientCheckpointingLayer._can_checkpoint_with_cache`, `integrations.sdpa_attention.use_gqa_in_sdpa` and
+#   `Trainer`'s private hooks (`_get_dataloader`, `_prepare_inputs`, `_save_checkpoint`, ...).
+# - torch<3: private `torch._C._current_graph_task_id` and `Variable._execution_engine.queue_callback` (TiedGradSink:
+#   the tied embedding's row gradient with chunked_logprobs, on by default), `torch.ops.mkl._mkl_reorder_linear_weight`
+#   and `_mkl_linear` (packed weights in CPU decoding), `torch._foreach_copy_`/`_foreach_lerp_` (reference sync) and
+#   FSDP2's private state.
 REQUIRED = [
-    "torch>=2.13.0",
-    "transformers>=5.24.0",
+    "torch>=2.13.0,<3",
+    "transformers>=5.24.0,<6",
     "accelerate>=1.15.0",
     "datasets>=5.2.0",
     "tokenizers>=0.23.3",

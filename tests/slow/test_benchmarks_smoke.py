@@ -286,11 +286,22 @@ def _check_real_model(out, tmp):
     ]
 
 
+def _check_fingerprint(out, tmp):
+    header, rows = table_with(out, "config")
+    assert header == ["config", "params sha256", "reference sha256", "logs sha256", "steps", "wall s"]
+    assert [row[0] for row in rows] == ["sync_hard", "lora"] and all(row[4] == "1" for row in rows)
+    digest = re.compile(r"^[0-9a-f]{16}$")
+    assert all(digest.match(row[1]) and digest.match(row[3]) for row in rows)
+    assert rows[0][1] == rows[0][2]  # a hard sync (alpha = 1) after the step: the reference is the policy's bits
+    assert rows[1][2].endswith("(ref adapter)")
+
+
 def _output_dir(tmp, values):
     return ["--output_dir", str(tmp / "out")]
 
 
 CHECKS = {
+    "behaviour_fingerprint.py": (lambda tmp, values: [], _check_fingerprint),
     "benchmark_generation.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_generation),
     "benchmark_packed_scoring.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_packed_scoring),
     "benchmark_grpo_step.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_grpo_step),
