@@ -72,7 +72,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         max_steps=STEPS,
         learning_rate=5e-2,
         beta=0.1,  # a reference pass without gradients
-        shared_prefix_scoring=share,
+        shared_prefix=share,
         use_cpu=True,
         bf16=False,
         report_to="none",
@@ -103,7 +103,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         return packed_mask(model, mask)
 
     def recording_info(message, *a, **k):
-        if str(message).startswith(("shared_prefix_scoring:", "packed_completion_scoring:")):
+        if str(message).startswith(("shared_prefix:", "shared_prefix (packed rows):")):
             plain_logs.append(str(message))
         return log_info(message, *a, **k)
 
