@@ -1,5 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""`retain_freed_cpu_memory` (opt-in): glibc keeps freed blocks for reuse, so new tensors stop faulting in fresh pages."""
+"""`TRL_RETAIN_FREED_CPU_MEMORY=1` (opt-in): glibc keeps freed blocks for reuse, so new tensors stop faulting in
+fresh pages."""
 
 import platform
 import resource
