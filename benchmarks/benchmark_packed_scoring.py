@@ -1,6 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Seconds for the log-prob passes of one GRPO batch with the completions padded, or packed end to end
-(`packed_completion_scoring`) in either layout: on the prompts' shared cache, or inline (each row starts with its
+(`shared_prefix`'s packed rows) in either layout: on the prompts' shared cache, or inline (each row starts with its
 prompt: one pass), on SmolLM2-135M-Instruct (2 chat prompts × 8 completions, the trainer's scoring defaults, one
 thread), at several completion lengths.
 
@@ -9,7 +9,7 @@ thread), at several completion lengths.
     python benchmarks/benchmark_packed_scoring.py --smoke                 # a tiny Qwen2, L = 8, once
 
 Each completion's length is L with probability `--full_fraction` (a sampled batch often runs to the limit), else drawn
-uniformly from [L/6, L]; the batch is fixed per L (seed 0). All paths share the prompts (`shared_prefix_scoring`) and
+uniformly from [L/6, L]; the batch is fixed per L (seed 0). All paths share the prompts (`shared_prefix`) and
 alternate within each repeat; medians are printed, with the positions each pass covers (padded: the prompt pass,
 then every row as wide as the longest completion plus one; cache: the prompt pass, then the packed rows; inline: the
 packed rows, prompts included), the layout the trainer's default (`"auto"`, `pack_completions`' estimate) picks, and

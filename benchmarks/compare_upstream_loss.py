@@ -155,7 +155,7 @@ def run_case(trainer_cls, config: dict, upstream: bool) -> dict:
     aux_coef = config["router_aux_loss_coef"]
     aux_loss = logps.square().mean() if aux_coef is not None else None  # a differentiable stand-in
     # the fields the case sets, over (ours only) our GRPOConfig's defaults for every other field the loss reads
-    # (e.g. `shared_prefix_scoring`), so that a new config field does not break the stub
+    # (e.g. `shared_prefix`), so that a new config field does not break the stub
     defaults = {} if upstream else config_defaults()
     stub = types.SimpleNamespace(
         args=types.SimpleNamespace(**{**defaults, **config, "steps_per_generation": accumulation}),

@@ -29,7 +29,7 @@ exists):
     python benchmarks/compare_upstream_trl.py --preset tiny --configs none,every
     python benchmarks/compare_upstream_trl.py --preset fewshot                # long prompts
     python benchmarks/compare_upstream_trl.py --preset smollm2                # a real pretrained model, chat prompts
-    python benchmarks/compare_upstream_trl.py --impls ours --ours_kwargs '{"generation_implementation": "generate"}'
+    python benchmarks/compare_upstream_trl.py --impls ours --ours_kwargs '{"shared_prefix": false}'
     python benchmarks/compare_upstream_trl.py --preset smollm2 --ours_kwargs '{"offload_ref_model": true}'
     python benchmarks/compare_upstream_trl.py --smoke          # tiny preset, sync every step, 2 steps, 1 run each;
                                                                # upstream from tests/upstream_venv.py
@@ -73,11 +73,11 @@ spends its time in matrix products, the other also in allocating and filling lar
 Settings that cannot be made identical (the implementations differ, not the config):
 - upstream always computes per-token entropies in the loss forward (for its logged metrics) and scores tokens with
   transformers' `fused_lm_head=True` forward; ours computes the log-probs block-wise from the LM head's input at the
-  scored positions only (`chunked_logprobs`, `packed_completion_scoring`). That is part of what is being compared.
+  scored positions only (`chunked_logprobs`, packed rows under `shared_prefix`). That is part of what is being compared.
 - upstream's reference sync is a per-parameter `mul_/add_` loop; ours is `mix_tensors_` (also part of the comparison).
-- ours' defaults `generation_implementation="shared_prefix"` and `shared_prefix_scoring=True` prefill, score and
-  backpropagate each distinct prompt once per group; upstream repeats it on every row. Also compared as they are;
-  `--ours_kwargs '{"generation_implementation": "generate", "shared_prefix_scoring": false}'` turns both off.
+- ours' default `shared_prefix=True` prefills, scores and backpropagates each distinct prompt once per group;
+  upstream repeats it on every row. Also compared as they are; `--ours_kwargs '{"shared_prefix": false}'` turns it
+  off.
 - upstream-only knobs are set to their "off"/plain values so that upstream does no extra work we do not do:
   `use_bias_correction_kl=False` (default True: multiplies the KL by the importance ratio), `use_vllm=False`,
   `use_transformers_continuous_batching=False`, `top_entropy_quantile=1.0`, `entropy_coef=0.0`,
@@ -85,8 +85,9 @@ Settings that cannot be made identical (the implementations differ, not the conf
   `cast_lm_head_to_fp32=False`, `pad_to_multiple_of=None`, `delta=None`, `log_completions=False`.
   `vllm_importance_sampling_correction` only acts with vLLM, which is off.
 - upstream's `gradient_checkpointing` defaults to True and `bf16` to True; both are set to False explicitly in both.
-- ours runs with `retain_freed_cpu_memory=True` (opt-in since it is process-wide; the quoted numbers were measured
-  with it): `--ours_kwargs '{"retain_freed_cpu_memory": false}'` measures the default.
+- ours runs with `TRL_RETAIN_FREED_CPU_MEMORY=1` (opt-in since it is process-wide; the quoted numbers were measured
+  with it, then the config field `retain_freed_cpu_memory=True`): `TRL_RETAIN_FREED_CPU_MEMORY=0 python
+  benchmarks/compare_upstream_trl.py ...` measures the default.
 """
 
 import argparse
@@ -191,9 +192,8 @@ SYNC_CONFIGS = {  # name -> (sync_ref_model, ref_model_sync_steps)
 PARTS = ("generate", "reward", "ref_old_logps", "prepare_rest", "fwd_bwd", "optimizer", "sync", "other")
 # The parts whose peak RSS is reported ("prepare" holds generate, reward and ref_old_logps).
 MEMORY_PARTS = ("generate", "ref_old_logps", "prepare", "fwd_bwd", "optimizer", "sync", "other")
-# Ours-only fields keep their defaults (max_prompt_length=None: whole prompts, as upstream), except the opt-in glibc
-# setting, on in every run that the README and docs quote.
-OURS_ONLY = {"retain_freed_cpu_memory": True}
+# Ours-only fields keep their defaults (max_prompt_length=None: whole prompts, as upstream). The opt-in glibc setting,
+# on in every run that the README and docs quote, is an environment variable (`run_impl`).
 UPSTREAM_ONLY = dict(
     use_vllm=False,
     use_transformers_continuous_batching=False,
@@ -313,7 +313,8 @@ def _worker(args) -> None:
             self.peaks.append(parts.peak_breakdown())
 
     kwargs = dict(COMMON)
-    kwargs.update(OURS_ONLY if args.worker == "ours" else UPSTREAM_ONLY)
+    if args.worker != "ours":
+        kwargs.update(UPSTREAM_ONLY)
     kwargs.update(json.loads(args.train_kwargs))
     sync, sync_steps = SYNC_CONFIGS[args.sync]
     kwargs.update(
@@ -563,6 +564,7 @@ def _run_worker(
     env.pop("PYTHONPATH", None)  # never let upstream's interpreter see our `trl`
     if impl == "ours":  # this checkout, even if the editable install of `trl` points at another one
         env["PYTHONPATH"] = REPO_ROOT
+        env.setdefault("TRL_RETAIN_FREED_CPU_MEMORY", "1")  # see the module docstring
     cmd = [python, HERE, "--worker", impl, "--model_dir", model_dir, "--steps", str(steps), "--sync", sync]
     cmd += ["--threads", str(threads), "--train_kwargs", json.dumps(train), "--out", out, "--fewshot", str(fewshot)]
     cmd += ["--profile_steps", str(profile_steps), "--task", task]
@@ -703,7 +705,7 @@ def main() -> None:
     parser.add_argument(
         "--ours_kwargs",
         default="{}",
-        help='extra GRPOConfig fields for ours only (JSON), e.g. \'{"generation_implementation": "generate"}\'',
+        help="extra GRPOConfig fields for ours only (JSON), e.g. '{\"shared_prefix\": false}'",
     )
     parser.add_argument("--json", default=None, help="also write every step time here")
     parser.add_argument("--worker", choices=["ours", "upstream"], help=argparse.SUPPRESS)

@@ -100,9 +100,8 @@ def demo_config(
             use_cpu=True,
             seed=seed,
             # each distinct prompt computed once (the defaults; scoring still runs plain passes here: 2-token prompts
-            # are below grpo_scoring.MIN_SHARED_PREFIX_TOKENS); `False` / "generate" are TRL's plain passes
-            shared_prefix_scoring=True,
-            generation_implementation="shared_prefix",
+            # are below grpo_scoring.MIN_SHARED_PREFIX_TOKENS); `False` runs TRL's plain generate and passes
+            shared_prefix=True,
         )
         settings.update(overrides)
         return GRPOConfig(**settings)

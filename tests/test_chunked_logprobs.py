@@ -223,7 +223,7 @@ def test_tied_grad_sink_refuses_to_drop_a_gradient():
     with pytest.raises(
         RuntimeError,
         match=r"1 of 3 uses of the tied embedding weight got no gradient .*"
-        r"set `sparse_embedding_grad=False`",
+        r"set `chunked_logprobs=False`",
     ):
         logps.sum().backward()
 

@@ -1,5 +1,6 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""`retain_freed_cpu_memory` (opt-in): glibc keeps freed blocks for reuse, so new tensors stop faulting in fresh pages."""
+"""`TRL_RETAIN_FREED_CPU_MEMORY=1` (opt-in): glibc keeps freed blocks for reuse, so new tensors stop faulting in
+fresh pages."""
 
 import platform
 import resource
@@ -9,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from trl.models import cpu_memory
 from trl.models.cpu_memory import allocate_adam_state
 
 
@@ -154,10 +156,13 @@ def test_the_trainer_applies_the_settings_when_training_starts_and_only_when_ask
                 seen.append((len(calls), len(optimizer.optimizer.state)))
 
     trainers = {}
-    for retain in (None, True):  # None: the default config
-        overrides = {} if retain is None else {"retain_freed_cpu_memory": retain}
-        trainer = make_trainer(model_dir, tmp_path / str(retain), max_steps=2, **overrides)
-        assert trainer.args.retain_freed_cpu_memory is bool(retain) and calls == []  # building never calls mallopt
+    for retain in (None, True):  # None: the variable unset (the default)
+        if retain:
+            monkeypatch.setenv("TRL_RETAIN_FREED_CPU_MEMORY", "1")
+        else:
+            monkeypatch.delenv("TRL_RETAIN_FREED_CPU_MEMORY", raising=False)
+        trainer = make_trainer(model_dir, tmp_path / str(retain), max_steps=2)
+        assert calls == []  # building never calls mallopt
         trainer.add_callback(Spy())
         trainer.train()
         trainers[retain] = trainer
@@ -168,3 +173,15 @@ def test_the_trainer_applies_the_settings_when_training_starts_and_only_when_ask
     assert seen == [(0, 0), (3, trainable)]
     for a, b in zip(trainers[None].model.parameters(), trainers[True].model.parameters()):
         assert torch.equal(a, b)  # the same training
+
+
+@pytest.mark.parametrize(
+    "value, asked",
+    [(None, False), ("", False), ("0", False), ("false", False), ("No", False), ("1", True), ("yes", True)],
+)
+def test_the_environment_variable_asks_for_the_settings(monkeypatch, value, asked):
+    if value is None:
+        monkeypatch.delenv("TRL_RETAIN_FREED_CPU_MEMORY", raising=False)
+    else:
+        monkeypatch.setenv("TRL_RETAIN_FREED_CPU_MEMORY", value)
+    assert cpu_memory.retain_freed_memory_requested() is asked

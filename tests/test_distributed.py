@@ -319,8 +319,8 @@ def fsdp2_sharing_results(model_dir, tmp_path_factory):
 def test_shared_prefix_scoring_trains_as_plain_scoring(mode, policy_type, request):
     """2 GRPO steps on 2 processes at the default sharing threshold (24-token prompts, 16 needed), with TRL's default
     gradient checkpointing (under ZeRO-3 and FSDP2, whose parameters rule out the prompt cache, the passes share in
-    packed rows that start with their prompt): `shared_prefix_scoring=True` really shares (reference and training passes)
-    and gives the loss, entropy and gradient norm of `shared_prefix_scoring=False` to rtol 1e-5 (the loss, ~0 at step 1 where the
+    packed rows that start with their prompt): `shared_prefix=True` really shares (reference and training passes)
+    and gives the loss, entropy and gradient norm of `shared_prefix=False` to rtol 1e-5 (the loss, ~0 at step 1 where the
     advantages cancel: also abs 1e-6), and every per-token log-prob within 1e-5 + 1e-6 of its size (the passes run
     other matrix shapes: one pass over rows that start with their prompt, where the plain pass pads)."""
     for rank in request.getfixturevalue(f"{mode}_sharing_results"):

@@ -105,16 +105,10 @@ TRL_1_16_DEFAULTS = {
 # Ours only: the generation path, the scoring paths, the opt-in prompt cut, the per-epoch sync strategy, the reference's
 # offload and Algorithm 1's reward-model refresh.
 OUR_ONLY_DEFAULTS = {
-    "generation_implementation": "shared_prefix",
-    "packed_generation_weights": True,
+    "shared_prefix": True,
     "inverse_cdf_sampling": True,
-    "shared_prefix_scoring": True,
-    "packed_completion_scoring": True,
-    "sparse_embedding_grad": True,
     "chunked_logprobs": True,
-    "grouped_kv_attention": True,
     "recompute_elementwise_activations": False,
-    "retain_freed_cpu_memory": False,
     "max_prompt_length": None,
     "ref_model_sync_strategy": "steps",
     "offload_ref_model": False,

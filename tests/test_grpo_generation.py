@@ -263,15 +263,13 @@ def test_sample_completions_restores_training_mode_and_rejects_unknown_paths(lm)
         sample_completions(model, ids, mask, _config(tokenizer, 2), "shared_prefix")
     assert model.training
     model.eval()
-    with pytest.raises(ValueError, match=r"generation_implementation must be one of \('shared_prefix', 'generate'\)"):
+    with pytest.raises(ValueError, match=r"implementation must be one of \('shared_prefix', 'generate'\)"):
         sample_completions(model, ids, mask, _config(tokenizer, 2), "vllm")
 
 
 def test_generation_fields(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
     args = GRPOConfig(**grpo_kwargs)
-    assert (args.generation_implementation, args.cache_implementation) == ("shared_prefix", None)
-    with pytest.raises(ValueError, match="generation_implementation must be one of shared_prefix, generate"):
-        GRPOConfig(**{**grpo_kwargs, "generation_implementation": "paged"})
+    assert (args.shared_prefix, args.cache_implementation) == (True, None)
     args = GRPOConfig(**{**grpo_kwargs, "cache_implementation": "static"})
     zero = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
     trainer = GRPOTrainer(tiny_lm_path, zero, args=args, train_dataset=arithmetic_dataset)
@@ -378,11 +376,17 @@ def test_the_trainer_passes_its_cpu_decoding_fields(tiny_lm_path, arithmetic_dat
     from trl.trainer import grpo_trainer
 
     seen, sample = [], grpo_trainer.sample_completions
-    monkeypatch.setattr(grpo_trainer, "sample_completions", lambda *a: seen.append(a[-2:]) or sample(*a))
+
+    def spy(*a, **k):
+        seen.append((a[-1], k["packed_weights"], k["inverse_cdf"]))
+        return sample(*a, **k)
+
+    monkeypatch.setattr(grpo_trainer, "sample_completions", spy)
     zero = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
-    for packed, inverse_cdf in ((True, True), (False, True), (True, False)):
-        fields = dict(packed_generation_weights=packed, inverse_cdf_sampling=inverse_cdf, max_steps=1)
+    for shared, inverse_cdf in ((True, True), (False, True), (True, False)):
+        fields = dict(shared_prefix=shared, inverse_cdf_sampling=inverse_cdf, max_steps=1)
         args = GRPOConfig(**{**grpo_kwargs, **fields})
         GRPOTrainer(tiny_lm_path, zero, args=args, train_dataset=arithmetic_dataset).train()
-        assert seen == [(packed, inverse_cdf)]
+        # MKL-packed decoding weights are no field: always asked for (they act on the CPU only, same logits)
+        assert seen == [("shared_prefix" if shared else "generate", True, inverse_cdf)]
         seen.clear()

@@ -23,17 +23,8 @@ from trl.tasks import make_arithmetic_dataset
 from trl.tasks.arithmetic import SUM_QUESTION
 
 
-# every performance path off: what TRL computes (generation is replayed, so only scoring differs in these runs)
-PLAIN_PATHS = dict(
-    generation_implementation="generate",
-    packed_generation_weights=False,
-    inverse_cdf_sampling=False,
-    shared_prefix_scoring=False,
-    packed_completion_scoring=False,
-    sparse_embedding_grad=False,
-    chunked_logprobs=False,
-    grouped_kv_attention=False,
-)
+# every performance field off: what TRL computes (generation is replayed, so only scoring differs in these runs)
+PLAIN_PATHS = dict(shared_prefix=False, inverse_cdf_sampling=False, chunked_logprobs=False)
 QV = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 # name: (weights' dtype, LoRA target modules or None, LoRA given as a PeftModel, gradient checkpointing)
 CASES = {

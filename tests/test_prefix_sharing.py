@@ -202,8 +202,8 @@ def test_reentrant_checkpointing_falls_back_to_plain_passes(model):
         score_completions(model, ids, mask, length, 1.0, share_prefix=True)
     assert shapes == [tuple(ids.shape)] * 2
     info.assert_called_once_with(
-        "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing; no rows that start "
-        "with their prompt either: packed_completion_scoring=False)."
+        "shared_prefix: some log-prob passes run plain (reentrant gradient checkpointing; no rows that start "
+        "with their prompt either: packed=False)."
     )
 
 
@@ -229,10 +229,8 @@ def test_a_pass_that_cannot_use_the_cache_still_shares_in_inline_rows(model):
     with patch.object(grpo_scoring.logger, "info") as info:
         _score_and_grads(model, ids, mask, length, share=True, packed="cache")
     assert shapes == [tuple(ids.shape)]
-    plain_because = "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing; no rows "
-    info.assert_called_once_with(
-        f"{plain_because}that start with their prompt either: packed_completion_scoring='cache')."
-    )
+    plain_because = "shared_prefix: some log-prob passes run plain (reentrant gradient checkpointing; no rows "
+    info.assert_called_once_with(f"{plain_because}that start with their prompt either: packed='cache').")
     # dropout rules out both: the rows of a prompt would share one dropout mask over it
     model.config.attention_dropout = 0.1
     assert scoring_sharing_blocker(model, one_pass=True) == "dropout in a pass with gradients"
@@ -241,9 +239,7 @@ def test_a_pass_that_cannot_use_the_cache_still_shares_in_inline_rows(model):
         _score_and_grads(model, ids, mask, length, share=True, packed=True)
     assert shapes == [tuple(ids.shape)]
     # the cache's reason is the inline rows' too: said once
-    info.assert_called_once_with(
-        "shared_prefix_scoring: some log-prob passes run plain (dropout in a pass with gradients)."
-    )
+    info.assert_called_once_with("shared_prefix: some log-prob passes run plain (dropout in a pass with gradients).")
 
 
 @pytest.mark.parametrize(
@@ -265,7 +261,7 @@ def test_a_pass_without_cache_or_inline_rows_says_why(model, hole, reason):
         _score_and_grads(model, ids, mask, length, share=True, packed=True)
     assert shapes == [tuple(ids.shape)]
     info.assert_called_once_with(
-        "shared_prefix_scoring: some log-prob passes run plain (reentrant gradient checkpointing; this pass's rows do "
+        "shared_prefix: some log-prob passes run plain (reentrant gradient checkpointing; this pass's rows do "
         f"not start with their prompt: {reason})."
     )
 
@@ -326,7 +322,7 @@ def test_a_model_that_ignores_the_cache_is_an_error(model):
 
     ids, mask, length = _batch(model.config.vocab_size)
     for packed in (False, "cache"):  # (the inline layout reads no cache)
-        with torch.no_grad(), pytest.raises(RuntimeError, match="shared_prefix_scoring=False"):
+        with torch.no_grad(), pytest.raises(RuntimeError, match="shared_prefix=False"):
             score_completions(DropsCache(model), ids, mask, length, 1.0, share_prefix=True, packed=packed)
 
 
@@ -374,7 +370,7 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
     monkeypatch.setattr(grpo_scoring, "pack_completions", counting_inline)
     params, logged = {}, {}
     for share in (False, True):
-        kwargs = {**grpo_kwargs, "gradient_checkpointing": True, "max_steps": 2, "shared_prefix_scoring": share}
+        kwargs = {**grpo_kwargs, "gradient_checkpointing": True, "max_steps": 2, "shared_prefix": share}
         # the tolerances below were sized on torch.multinomial's samples of this seed; with the inverse-CDF draws one
         # parameter of 8,192 ends 1.2e-4 apart (Adam's near-sign first steps on a near-zero gradient)
         kwargs["inverse_cdf_sampling"] = False
@@ -499,7 +495,7 @@ def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, c
         assert shapes == [tuple(ids.shape)] * 2
         assert torch.equal(shared, plain)
         info.assert_called_once_with(
-            f"shared_prefix_scoring: some log-prob passes run plain ({rope_type} RoPE, whose frequencies depend on "
+            f"shared_prefix: some log-prob passes run plain ({rope_type} RoPE, whose frequencies depend on "
             "the sequence length)."
         )
     elif packed == "inline" and rope_type not in LENGTH_SCALED:  # one pass, rows that start with their prompt
@@ -790,7 +786,7 @@ def test_other_models_and_attention_kernels_score_padded(model):
             score_completions(model, ids, mask, length, 1.0, share_prefix=True, packed=True)
     assert shapes[1] == shapes[3] == (ids.size(0), length + 1)
     info.assert_called_once_with(
-        "packed_completion_scoring: some log-prob passes run plain (model type 'qwen2_custom', whose handling of a "
+        "shared_prefix (packed rows): some log-prob passes run plain (model type 'qwen2_custom', whose handling of a "
         "4-D mask is not tested)."
     )
     model.config.model_type = "qwen2"

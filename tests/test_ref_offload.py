@@ -183,9 +183,9 @@ def test_a_failed_write_back_keeps_the_values(model_dir, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "field, keyword",
     [
-        ("grouped_kv_attention", "grouped_kv_attention"),
+        ("shared_prefix", "share_prefix"),
+        ("chunked_logprobs", "chunked_logprobs"),
         ("recompute_elementwise_activations", "recompute_elementwise_activations"),
-        ("packed_completion_scoring", "packed"),
     ],
 )
 def test_the_trainer_passes_its_scoring_fields(model_dir, tmp_path, monkeypatch, field, keyword):

@@ -60,7 +60,7 @@ with tempfile.TemporaryDirectory() as tmp:
     config = trl.GRPOConfig(
         output_dir=f"{tmp}/out", use_cpu=True, bf16=False, report_to="none", save_strategy="no",
         per_device_train_batch_size=4, num_generations=4, max_completion_length=4, max_steps=1, beta=0.04,
-        gradient_checkpointing=False, recompute_elementwise_activations=True, retain_freed_cpu_memory=False,
+        gradient_checkpointing=False, recompute_elementwise_activations=True,
     )  # fmt: skip
     trainer = trl.GRPOTrainer(
         model=path, reward_funcs=length, args=config, train_dataset=trl.tasks.make_arithmetic_dataset(16)

@@ -4,12 +4,12 @@
 
     prefix_sharing_worker.py MODE MODEL_DIR OUT_DIR      MODE in {ddp, zero2, zero3, fsdp2, ddp_diverge}
 
-Each rank trains the same 2 GRPO steps twice from the same seed, with `shared_prefix_scoring=False` and then `True`,
+Each rank trains the same 2 GRPO steps twice from the same seed, with `shared_prefix=False` and then `True`,
 at the default sharing threshold (`MIN_SHARED_PREFIX_TOKENS`, not patched): the prompts have 24 tokens. In
 `ddp_diverge` (DDP) rank 1 reads 12-token prompts instead, below the threshold, so rank 0 shares its prompts and rank 1
 scores plain in the same steps: the ranks decide differently, and their collectives must still match; there, a third of
 the vocabulary stops a completion (`generation_kwargs`), so completions of different lengths share packed rows on
-rank 0 (`packed_completion_scoring`, a 4-D mask) while rank 1 runs padded rows. It records
+rank 0 (`shared_prefix`'s packed rows, a 4-D mask) while rank 1 runs padded rows. It records
 the logged loss, entropy and gradient norm of every step, the per-token log-probs of every scoring pass
 (reference and training passes), and how many scoring passes shared their prompts (calls of `shared_prefix_cache`
 that returned a cache, or forwards over packed rows that hold their prompt), with and without gradients, and the
@@ -72,7 +72,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         max_steps=STEPS,
         learning_rate=5e-2,
         beta=0.1,  # a reference pass without gradients
-        shared_prefix_scoring=share,
+        shared_prefix=share,
         use_cpu=True,
         bf16=False,
         report_to="none",
@@ -103,7 +103,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         return packed_mask(model, mask)
 
     def recording_info(message, *a, **k):
-        if str(message).startswith(("shared_prefix_scoring:", "packed_completion_scoring:")):
+        if str(message).startswith(("shared_prefix:", "shared_prefix (packed rows):")):
             plain_logs.append(str(message))
         return log_info(message, *a, **k)
 

@@ -1,6 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Faster sampling with transformers' `generate` on the CPU: the linear layers' weights packed once per call for MKL's
-small-batch products (the same logits to the bit), and one uniform draw per row to pick each token by its cumulative
+small-batch products (the same logits to the bit: only where MKL's packed product gives the plain one's bits), and
+one uniform draw per row to pick each token by its cumulative
 probability (the same distribution as `torch.multinomial`). `grpo_generation.sample_completions` applies both."""
 
 import contextvars
@@ -55,11 +56,14 @@ def packed_linear_weights(model: nn.Module, rows: int, max_new_tokens: int | Non
     leading dimensions together: one decode step of `rows` sequences) with a copy of their weight packed for MKL's
     `sgemm` once, at the start (`torch.ops.mkl._mkl_reorder_linear_weight`), instead of MKL packing the weight again
     inside every product. Any other input (another row count, such as a prefill; autocast on; not float32; with
-    gradients) runs the layer's own forward. The products are MKL's same kernels on the same operands: bitwise the
-    plain layer's outputs on the CPUs tested (test_cpu_decoding.py checks it). SmolLM2-135M's LM head at 16 rows,
+    gradients) runs the layer's own forward. Only the layers whose shape passes `packing_is_bitwise` at `rows` rows are
+    packed, so the packed outputs are the plain layer's to the bit: MKL's packed kernel rounds differently for some
+    shapes (on the 2-core test machine: every 896-, 2048- and 4864-wide product of Qwen2.5-0.5B's shapes, and
+    SmolLM2's 576- and 1536-wide ones below 16 rows), which would change a draw that lands at a rounding boundary.
+    SmolLM2-135M's LM head at 16 rows,
     one thread: 14.6 instead of 27.6 ms a step. Costs one packed copy of those weights for the duration; the layers'
     forwards are restored when the block ends."""
-    layers = packable_linears(model, max_new_tokens)
+    layers = [layer for layer in packable_linears(model, max_new_tokens) if packing_is_bitwise(layer, rows)]
     try:
         for layer in layers:
             packed = torch.ops.mkl._mkl_reorder_linear_weight(layer.weight.detach(), rows)
@@ -68,6 +72,25 @@ def packed_linear_weights(model: nn.Module, rows: int, max_new_tokens: int | Non
     finally:
         for layer in layers:
             vars(layer).pop("forward", None)
+
+
+# Whether MKL's packed product gives `nn.Linear`'s bits, by (out features, in features, bias, rows, threads).
+_BITWISE_PACKING: dict[tuple, bool] = {}
+
+
+def packing_is_bitwise(layer: nn.Linear, rows: int) -> bool:
+    """Whether MKL's packed product of `layer`'s weight at `rows` rows gives `nn.Linear`'s bits. Probed once per
+    shape, bias, row count and thread count in a process (MKL picks its kernels by those, not by the values): one
+    product each way on the layer's own weight and a seeded random input."""
+    key = (*layer.weight.shape, layer.bias is not None, rows, torch.get_num_threads())
+    if key not in _BITWISE_PACKING:
+        with torch.no_grad():
+            weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
+            x = torch.randn(rows, weight.size(1), generator=torch.Generator().manual_seed(0))
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+            plain = nn.functional.linear(x, weight, bias)
+            _BITWISE_PACKING[key] = torch.equal(torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows), plain)
+    return _BITWISE_PACKING[key]
 
 
 def _packed_forward(layer: nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor) -> torch.Tensor:

@@ -15,12 +15,15 @@ from transformers.utils import logging
 from ..models.utils import fsdp2_modules, zero3_hooks_removed
 from ..reference.layouts import PLAIN, ZERO3, parameter_layouts
 from ..scoring.prefix_sharing import length_scaled_ropes, rope_sharing_blocker, shared_prefix_cache, split_lengths
-from ..trainer.grpo_config import GENERATION_IMPLEMENTATIONS
 from ..trainer.grpo_losses import completion_mask, pad_to_multiple
 from .cpu_decoding import inverse_cdf_sampling, packed_linear_weights
 
 
 logger = logging.get_logger(__name__)
+
+# How `sample_completions` samples: each distinct prompt prefilled once (`GRPOConfig.shared_prefix`), or plain
+# `generate` on the repeated prompts, as TRL does.
+GENERATION_IMPLEMENTATIONS = ("shared_prefix", "generate")
 _LOGGED_FALLBACKS: set[str] = set()  # reasons for plain `generate` already logged
 # the decoding modes that run one row per prompt row, each step on the cache as it is
 _SHARED_PREFIX_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
@@ -183,7 +186,8 @@ def sample_completions(
         implementation: one of `GENERATION_IMPLEMENTATIONS`.
         packed_weights: on the CPU, let the LM head (and from 32 new tokens on every linear layer) multiply each
             decode step with its weight packed once for the call (`cpu_decoding.packed_linear_weights`: the same
-            logits to the bit); not for sharded parameters.
+            logits to the bit, only for the layers where MKL's packed product gives the plain one's bits); not for
+            sharded parameters.
         inverse_cdf: on the CPU, draw each sampled token with one uniform number per row
             (`cpu_decoding.inverse_cdf_sampling`: the same distribution, other draws than `torch.multinomial`'s);
             the block is opened only when `prompt_ids` are on the CPU, so elsewhere `torch.multinomial` is untouched.
@@ -195,9 +199,7 @@ def sample_completions(
         ValueError: for an unknown `implementation`.
     """
     if implementation not in GENERATION_IMPLEMENTATIONS:
-        raise ValueError(
-            f"generation_implementation must be one of {GENERATION_IMPLEMENTATIONS}, got {implementation!r}."
-        )
+        raise ValueError(f"implementation must be one of {GENERATION_IMPLEMENTATIONS}, got {implementation!r}.")
     # FSDP2 modules count as sharded also while `fsdp2_gathered` holds their parameters unsharded
     sharded = parameter_layouts(model) != {PLAIN} or bool(fsdp2_modules(model))
     share = implementation == "shared_prefix"
@@ -206,7 +208,7 @@ def sample_completions(
         share = blocker is None
         if blocker is not None and blocker not in _LOGGED_FALLBACKS:
             _LOGGED_FALLBACKS.add(blocker)
-            logger.info(f"generation_implementation='shared_prefix': some batches run plain generate ({blocker}).")
+            logger.info(f"shared_prefix: some batches run plain generate ({blocker}).")
     was_training = model.training
     model.eval()  # dropout off, and the KV cache is used even with gradient checkpointing
     try:

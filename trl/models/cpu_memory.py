@@ -15,12 +15,14 @@ Where long-lived tensors land matters then too: AdamW creates its two moments (2
 first step, in whatever gaps the first step's temporaries left, and the later steps' temporaries no longer fit
 around them. `RetainFreedMemoryCallback` creates them before the first step instead (same zeros, same dtypes).
 
-Both are opt-in: `GRPOConfig.retain_freed_cpu_memory=True` (off by default) applies them when training starts, or a
-user calls `retain_freed_memory` (and `allocate_adam_state`) themselves. The glibc settings hold for the whole process
-and cannot be undone, so nothing here runs when a trainer is only built."""
+Both are opt-in, and no `GRPOConfig` field: the environment variable `TRL_RETAIN_FREED_CPU_MEMORY=1` (off by default)
+makes a CPU trainer apply them when training starts, or a user calls `retain_freed_memory` (and `allocate_adam_state`)
+themselves. The glibc settings hold for the whole process and cannot be undone, so nothing here runs when a trainer is
+only built."""
 
 import ctypes
 import functools
+import os
 import platform
 
 import torch
@@ -40,6 +42,13 @@ MMAP_THRESHOLD_BYTES = 32 * 2**20
 # Keep up to this much free memory at the top of the heap (mallopt takes an int).
 TRIM_THRESHOLD_BYTES = 2**31 - 1
 _applied = False
+# The environment variable that asks a CPU trainer to apply both when training starts.
+RETAIN_FREED_MEMORY_ENV = "TRL_RETAIN_FREED_CPU_MEMORY"
+
+
+def retain_freed_memory_requested() -> bool:
+    """Whether `TRL_RETAIN_FREED_CPU_MEMORY` is set to something other than "", "0", "false" or "no"."""
+    return os.environ.get(RETAIN_FREED_MEMORY_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
 @functools.cache
@@ -82,12 +91,11 @@ def retain_freed_memory() -> bool:
         return False
     if mmap_set and not ok:
         logger.warning(
-            "retain_freed_cpu_memory: glibc took the mmap threshold (32 MiB) but refused the trim threshold or "
-            "M_MMAP_MAX."
+            "retain_freed_memory: glibc took the mmap threshold (32 MiB) but refused the trim threshold or M_MMAP_MAX."
         )
     if ok:
         _applied = True
-        logger.info("retain_freed_cpu_memory: glibc keeps freed memory for reuse (no mmap of its own).")
+        logger.info("retain_freed_memory: glibc keeps freed memory for reuse (no mmap of its own).")
     return ok
 
 
@@ -123,12 +131,12 @@ def allocate_adam_state(optimizer: torch.optim.Optimizer) -> int:
 
 
 class RetainFreedMemoryCallback(TrainerCallback):
-    """`retain_freed_cpu_memory=True` on a CPU run: at the start of training (after a checkpoint's optimizer state is
+    """`TRL_RETAIN_FREED_CPU_MEMORY=1` on a CPU run: at the start of training (after a checkpoint's optimizer state is
     loaded, before the first step), `retain_freed_memory`, then, where glibc took the settings, `allocate_adam_state`:
     the moments are then allocated before any step's temporaries (see the module docstring)."""
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
         if retain_freed_memory() and optimizer is not None and (made := allocate_adam_state(optimizer)):
             logger.info(
-                f"retain_freed_cpu_memory: Adam(W) state of {made} parameters allocated before the first step."
+                f"{RETAIN_FREED_MEMORY_ENV}: Adam(W) state of {made} parameters allocated before the first step."
             )

@@ -204,7 +204,7 @@ def score_completions(
 
     Raises:
         RuntimeError: with `share_prefix`, for a model that accepts the prompt cache but does not hand it to its layers
-            (its result would ignore the prompt); set `shared_prefix_scoring=False` for such a model.
+            (its result would ignore the prompt); set `shared_prefix=False` for such a model.
     """
     batch_size = batch_size or input_ids.size(0)
     logps, entropies, aux_losses = [], [], []
@@ -273,7 +273,7 @@ def score_completions(
     one_forward = batch_size >= input_ids.size(0)  # one forward (a kept head block) before the backward
     if packed and share and (blocker := packing_blocker(model)) is not None:
         packed = False
-        _log_blocker(blocker, "packed_completion_scoring")
+        _log_blocker(blocker, "shared_prefix (packed rows)")
     with (
         cache_kept_under_checkpointing(model) if share else nullcontext(),
         tied as embedding,
@@ -354,7 +354,7 @@ def score_completions(
                     aux_losses.append(outputs.aux_loss)
             else:  # the last prompt token (it predicts the first completion token) and the completion, on the prompt
                 rows_cache = cache if plan is None else prefix_for_rows(model, cache, plan.rows)
-                ignored = f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix_scoring=False`."
+                ignored = f"{type(model).__name__} ignored the shared prompt cache; set `shared_prefix=False`."
                 try:
                     outputs = model(
                         input_ids=ids[:, prompt_length - 1 :] if plan is None else plan.input_ids,
@@ -473,7 +473,7 @@ def _inline_blocker(model: nn.Module, packed: bool | str, compute_aux_loss: bool
     """Why `model`'s passes cannot share their prompts in rows that start with them (`pack_completions`' inline
     layout), or `None`: the one way to share where the prompt cache is ruled out."""
     if packed in (False, "cache"):
-        return f"packed_completion_scoring={packed!r}"
+        return f"packed={packed!r}"
     if compute_aux_loss:
         return "the MoE router loss"
     if ropes := length_scaled_ropes(model):
@@ -481,7 +481,7 @@ def _inline_blocker(model: nn.Module, packed: bool | str, compute_aux_loss: bool
     return packing_blocker(model) or scoring_sharing_blocker(model, one_pass=True)
 
 
-def _log_blocker(blocker: str, field: str = "shared_prefix_scoring") -> None:
+def _log_blocker(blocker: str, field: str = "shared_prefix") -> None:
     if (field, blocker) not in _LOGGED_BLOCKERS:
         _LOGGED_BLOCKERS.add((field, blocker))
         logger.info(f"{field}: some log-prob passes run plain ({blocker}).")

@@ -49,7 +49,7 @@ class TiedGradSink:
         if pending:
             raise RuntimeError(
                 f"{pending} of {self.registered} uses of the tied embedding weight got no gradient in this backward "
-                "pass, so its summed gradient was not handed to autograd; set `sparse_embedding_grad=False`."
+                "pass, so its summed gradient was not handed to autograd; set `chunked_logprobs=False`."
             )
 
     def add_dense(self, grad: torch.Tensor) -> None:

@@ -17,7 +17,6 @@ SCALE_REWARDS = ("group", "batch", "none")
 SYNC_STRATEGIES = ("steps", "epoch")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 REWARD_MODEL_LOSS_TYPES = ("pointwise", "pairwise")
-GENERATION_IMPLEMENTATIONS = ("shared_prefix", "generate")
 
 
 @dataclass
@@ -106,61 +105,6 @@ class GRPOConfig(TrainingArguments):
             policy and for reward models), e.g. `{"enable_thinking": False}`.
         cache_implementation (`str` or `None`, *optional*):
             KV-cache implementation for `generate` (e.g. `"static"`); `None` uses transformers' dynamic cache.
-        generation_implementation (`str`, *optional*, defaults to `"shared_prefix"`):
-            How completions are sampled. `"shared_prefix"`: prefill each distinct prompt once and copy its KV cache
-            to its `num_generations` rows, then `generate`; `"generate"`: `generate` on the repeated prompts, as TRL
-            does. Both sample from the same distribution; see "Generation paths" in the docs.
-        packed_generation_weights (`bool`, *optional*, defaults to `True`):
-            CPU `generate`: the float32 LM head (from 4 new tokens; every `nn.Linear` from 32) packed once per call for
-            MKL instead of in every decode-step product; bitwise the same logits on the CPUs tested.
-        inverse_cdf_sampling (`bool`, *optional*, defaults to `True`):
-            CPU `generate`: each token drawn with one uniform number per row against the float64 cumulative
-            probabilities instead of `torch.multinomial`'s exponential number per vocabulary entry: the same
-            distribution, other tokens than TRL's for a seed. See "Faster CPU decoding and packed scoring".
-        shared_prefix_scoring (`bool`, *optional*, defaults to `True`):
-            Compute each distinct prompt once in the log-prob passes (reference, old policy when the batch is reused,
-            and the training forward and backward): the prompt's keys and values are shared by the rows that repeat
-            it, gradients included. The log-probs and gradients equal the unshared ones up to float rounding; the
-            saving grows with the prompt's share of the sequence. Passes where it cannot apply or would not pay run
-            plain (prompts under 17 tokens, PEFT prompt learning, sliding-window caches, the MoE router loss's pass,
-            dropout with gradients; ZeRO-3/FSDP2, reentrant checkpointing: packed inline rows only); see
-            "Shared-prefix scoring" in the docs.
-        packed_completion_scoring (`bool`, *optional*, defaults to `True`):
-            With `shared_prefix_scoring`, score the completions end to end in rows (on the prompt cache, or after
-            their prompt in one pass), each seeing its prompt and itself only; the same results to float rounding.
-        sparse_embedding_grad (`bool`, *optional*, defaults to `True`):
-            In the training forward, let an input embedding tied to the LM head (SmolLM2, Qwen2.5-0.5B, Gemma, ...)
-            produce only its looked-up rows' gradient, added in place into the LM head's (with `chunked_logprobs`)
-            or handed to autograd as a sparse gradient, instead of a dense `(vocab, hidden)` tensor per pass. The same
-            dense gradient up to the order of float additions; untied, frozen or sharded embeddings are left alone.
-        chunked_logprobs (`bool`, *optional*, defaults to `True`):
-            Compute the per-token log-probs and entropies from the LM head's input a block of positions at a time
-            (at most 64 MiB of float32 logits each), recomputing each block's logits in the backward, so that the
-            `(completions × completion tokens × vocabulary)` float32 logits, their softmax and their gradient never
-            exist whole. Same values and gradients up to float rounding. Passes run plain for LM heads with a PEFT
-            adapter, sharded heads and models that transform the logits after the head (softcapping, logit scales).
-        grouped_kv_attention (`bool`, *optional*, defaults to `True`):
-            In the CPU log-prob passes, let SDPA read grouped-query key/value heads directly (`enable_gqa=True`)
-            instead of transformers' copy of each key/value head per query head whenever there is a mask: bitwise the
-            same log-probs and entropies, gradients to float rounding (the kernel's own fixed summation order), less
-            saved memory, faster attention. Not on accelerators (a masked grouped SDPA falls back to the math
-            kernel) nor in a training pass under gradient checkpointing; see `grpo_scoring.grouped_kv_sdpa`.
-        recompute_elementwise_activations (`bool`, *optional*, defaults to `False`):
-            In the training forward, let RMSNorms and SwiGLU MLPs (Llama, Qwen2/3, SmolLM2, ...) keep only their
-            inputs and rebuild their element-wise intermediates in the backward (`trainer.activation_recompute`; no
-            matrix product is recomputed): same loss, gradients to float rounding, 46 % fewer saved numbers per layer
-            and token on SmolLM2-135M. Off by default, as the slower path (0.55-0.83 s more per ~8.5 s SmolLM2 step);
-            it pays where activations set the peak. Off for sharded parameters, autocast and gradient checkpointing;
-            see "Element-wise activations rebuilt in the backward".
-        retain_freed_cpu_memory (`bool`, *optional*, defaults to `False`):
-            On a CPU run with glibc (Linux), when training starts, make glibc keep the memory of freed tensors in the
-            process for the next ones (`trl.models.cpu_memory.retain_freed_memory()`, also callable yourself) instead
-            of faulting in fresh pages: 4 to a few thousand faults per SmolLM2-135M step instead of ~200,000, peak RSS
-            −38 to +69 MB in seven paired runs. Off by default: it holds for the whole process and cannot be undone
-            (other code and forked workers keep it; resident memory stays near its high-water mark). Adam(W)'s moments
-            are then also made when training starts (`cpu_memory.allocate_adam_state`; the same updates bit for bit),
-            not among the first step's temporaries (−76 MB of peak with `offload_ref_model=True`); a trainable
-            parameter that never gets a gradient then has zero moments too (in memory and in checkpoints).
 
         > Parameters that control the loss
 
@@ -269,18 +213,6 @@ class GRPOConfig(TrainingArguments):
         ref_model_sync_strategy (`str`, *optional*, defaults to `"steps"`):
             `"steps"` syncs every `ref_model_sync_steps` optimizer steps; `"epoch"` syncs at the end of every
             epoch instead.
-        offload_ref_model (`bool`, *optional*, defaults to `False`):
-            Not in TRL 1.16. On a CPU run, keep the reference model's weights in a memory-mapped file in
-            `output_dir` (unlinked at once; gone when the process ends), not resident in the process's memory between
-            uses: each use (its log-prob pass, a sync, a checkpoint save or restore) reads them into private copies
-            in the memory that the policy's backward leaves free, and frees them afterwards (a sync or restore writes
-            them back first), so they are not resident during the policy's forward and backward, where the peak is
-            (`trainer.ref_offload`). Same bits, so the same training; each use reads the weights (538 MB for
-            SmolLM2-135M in fp32) from the page cache, or from the disk after the kernel reclaimed it. Needs a
-            separate reference model (`beta > 0`, no PEFT adapter) held on the CPU as plain tensors (not DeepSpeed
-            ZeRO-3 or FSDP2), Linux and a disk-backed `output_dir` (on `tmpfs` the pages stay in RAM: a warning says
-            so).
-
         > Parameters that control reward-model refresh (Algorithm 1)
 
         reward_model_update_steps (`int` or `None`, *optional*):
@@ -305,6 +237,67 @@ class GRPOConfig(TrainingArguments):
             `"pointwise"`: binary cross-entropy of the reward logit against the label in [0, 1] (an outcome reward
             model). `"pairwise"`: Bradley–Terry loss −log σ(r_i − r_j) over the pairs of completions of one prompt
             whose labels differ (i the better one).
+
+        > Parameters that control performance
+
+        Not in TRL 1.16. Each one computes what TRL computes (the same values up to float rounding, or the same bits;
+        `inverse_cdf_sampling` the same distribution), so they change time and memory, not the training. The
+        measurements are in the docs' "Speed and memory" section; switch a path off to run TRL's computation.
+        Details that are always at least as good where they apply are not fields: MKL-packed weights in CPU decoding
+        (only for the layers where the packed product gives the plain one's bits), grouped key/value heads in CPU
+        attention (the same log-probs to the bit) and a tied embedding's row gradient (the dense gradient up to the
+        order of float additions). glibc's malloc tuning
+        for CPU runs is process-wide, so it is no field either: set `TRL_RETAIN_FREED_CPU_MEMORY=1` to apply it
+        when training starts (`trl.models.cpu_memory`).
+
+        shared_prefix (`bool`, *optional*, defaults to `True`):
+            Compute each distinct prompt once (GRPO repeats it `num_generations` times), on every device: in
+            generation, prefill each distinct prompt once and copy its KV cache to its rows before `generate`; in the
+            log-prob passes (reference, old policy, training forward and backward), run the distinct prompts once
+            and every row's completion on that read-only cache, or packed end to end after its prompt, gradients
+            included. Saves `(P − 1)(N − U)` token positions per pass (P prompt tokens, N rows, U distinct prompts):
+            with ~105-token prompts (a 3.1M-parameter Qwen2, 16 completions of 32 tokens, CPU) generation took 230
+            against TRL's 363 ms a step, the reference pass 79 against 208 ms, the forward-backward 228 against
+            650 ms; with ~5-token prompts nothing changes. Passes where it cannot apply or would not pay run plain, and the INFO log says why once
+            (prompts under 17 tokens, beam search, PEFT prompt learning, sliding-window caches, the MoE router
+            loss's pass, ...); see "Generation paths" and "Shared-prefix scoring" in the docs. `False` runs plain
+            `generate` on the repeated prompts and one plain pass, as TRL does.
+        inverse_cdf_sampling (`bool`, *optional*, defaults to `True`):
+            CPU `generate` only: draw each token with one uniform number per row against the float64 cumulative
+            probabilities instead of `torch.multinomial`'s exponential number per vocabulary entry (~1 ms instead of
+            15 ms a decode step at a 49k vocabulary): the same distribution, other tokens than TRL's for a seed, so
+            `False` restores TRL's draws. `torch.multinomial` is replaced only inside a CPU generation and put back
+            on exit.
+        chunked_logprobs (`bool`, *optional*, defaults to `True`):
+            Compute the per-token log-probs and entropies from the LM head's input a block of positions at a time
+            (at most 64 MiB of float32 logits each), recomputing each block's logits in the backward, so that the
+            `(completions × completion tokens × vocabulary)` float32 logits, their softmax and their gradient never
+            exist whole, on every device. On SmolLM2-135M at 256 completion tokens the reference pass's peak fell
+            from 7,006 to 5,300 MB and the step's from 8,412 to 7,038 MB. Same values and gradients up to float
+            rounding. Passes run plain for LM heads with a PEFT adapter, sharded heads and models that transform
+            the logits after the head (softcapping, logit scales). A tied input embedding gets its looked-up rows'
+            gradient added in place into the LM head's, with or without this field (not a field: the same
+            gradient up to the order of float additions).
+        recompute_elementwise_activations (`bool`, *optional*, defaults to `False`):
+            In the training forward, on every device, let RMSNorms and SwiGLU MLPs (Llama, Qwen2/3, SmolLM2, ...)
+            keep only their inputs and rebuild their element-wise intermediates in the backward
+            (`scoring.activation_recompute`; no matrix product is recomputed): same loss, gradients to float
+            rounding, 46 % fewer saved numbers per layer and token on SmolLM2-135M (353 → 204 MiB kept for a 4 ×
+            60-token pass). Off by default, as the slower path (0.55–0.83 s more per ~8.5 s SmolLM2 CPU step); it
+            pays where activations set the peak. Off for sharded parameters, autocast and gradient checkpointing;
+            see "Element-wise activations rebuilt in the backward".
+        offload_ref_model (`bool`, *optional*, defaults to `False`):
+            On a CPU run, keep the reference model's weights in a memory-mapped file in
+            `output_dir` (unlinked at once; gone when the process ends), not resident in the process's memory between
+            uses: each use (its log-prob pass, a sync, a checkpoint save or restore) reads them into private copies
+            in the memory that the policy's backward leaves free, and frees them afterwards (a sync or restore writes
+            them back first), so they are not resident during the policy's forward and backward, where the peak is
+            (`reference.ref_offload`). Same bits, so the same training; each use reads the weights (538 MB for
+            SmolLM2-135M in fp32) from the page cache, or from the disk after the kernel reclaimed it. On SmolLM2-135M
+            (CPU) the step's peak RSS fell from 3,433 to 2,803 MB at the same step time. Needs a
+            separate reference model (`beta > 0`, no PEFT adapter) held on the CPU as plain tensors (not DeepSpeed
+            ZeRO-3 or FSDP2), Linux and a disk-backed `output_dir` (on `tmpfs` the pages stay in RAM: a warning says
+            so).
 
         > Parameters that control logging
 
@@ -398,47 +391,6 @@ class GRPOConfig(TrainingArguments):
     cache_implementation: str | None = field(
         default=None, metadata={"help": "KV-cache implementation for generate (e.g. 'static'); None: dynamic."}
     )
-    generation_implementation: str = field(
-        default="shared_prefix",
-        metadata={
-            "help": "'shared_prefix' (prefill each distinct prompt once, share its KV cache) or 'generate'.",
-            "choices": GENERATION_IMPLEMENTATIONS,
-        },
-    )
-    packed_generation_weights: bool = field(
-        default=True, metadata={"help": "CPU generate: linear weights packed once per call for MKL (same logits)."}
-    )
-    inverse_cdf_sampling: bool = field(
-        default=True, metadata={"help": "CPU generate: draw tokens by inverse CDF (same distribution, other draws)."}
-    )
-    shared_prefix_scoring: bool = field(
-        default=True,
-        metadata={"help": "Compute each distinct prompt once in the log-prob passes (training included)."},
-    )
-    packed_completion_scoring: bool = field(
-        default=True, metadata={"help": "Score completions packed end to end, not padded (shared-prefix passes)."}
-    )
-    sparse_embedding_grad: bool = field(
-        default=True,
-        metadata={"help": "Give a tied input embedding only its looked-up rows' gradient (added to the LM head's)."},
-    )
-    chunked_logprobs: bool = field(
-        default=True,
-        metadata={"help": "Compute log-probs and entropies from the LM head's input in blocks of positions."},
-    )
-    grouped_kv_attention: bool = field(
-        default=True,
-        metadata={"help": "CPU log-prob passes: SDPA reads grouped key/value heads without copying them per head."},
-    )
-    recompute_elementwise_activations: bool = field(
-        default=False,
-        metadata={"help": "Rebuild RMSNorm and SwiGLU intermediates in the backward instead of saving them."},
-    )
-    retain_freed_cpu_memory: bool = field(
-        default=False,
-        metadata={"help": "CPU/glibc: at train start, keep freed memory for reuse (mallopt; process-wide, for good)."},
-    )
-
     # Loss
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0.0 loads no reference model."})
@@ -510,11 +462,6 @@ class GRPOConfig(TrainingArguments):
     ref_model_sync_strategy: str = field(
         default="steps", metadata={"help": "'steps' or 'epoch'.", "choices": SYNC_STRATEGIES}
     )
-    offload_ref_model: bool = field(
-        default=False,
-        metadata={"help": "CPU runs: keep the reference's weights in a mapped file, out of memory between uses."},
-    )
-
     # Reward-model refresh (Algorithm 1)
     reward_model_update_steps: int | None = field(
         default=None, metadata={"help": "Update the reward models every this many optimizer steps; None: frozen."}
@@ -534,6 +481,27 @@ class GRPOConfig(TrainingArguments):
             "help": "'pointwise' (BCE against labels) or 'pairwise' (Bradley-Terry).",
             "choices": REWARD_MODEL_LOSS_TYPES,
         },
+    )
+
+    # Performance (not in TRL 1.16)
+    shared_prefix: bool = field(
+        default=True,
+        metadata={"help": "Compute each distinct prompt once, in generation and in the log-prob passes."},
+    )
+    inverse_cdf_sampling: bool = field(
+        default=True, metadata={"help": "CPU generate: draw tokens by inverse CDF (same distribution, other draws)."}
+    )
+    chunked_logprobs: bool = field(
+        default=True,
+        metadata={"help": "Compute log-probs and entropies from the LM head's input in blocks of positions."},
+    )
+    recompute_elementwise_activations: bool = field(
+        default=False,
+        metadata={"help": "Rebuild RMSNorm and SwiGLU intermediates in the backward instead of saving them."},
+    )
+    offload_ref_model: bool = field(
+        default=False,
+        metadata={"help": "CPU runs: keep the reference's weights in a mapped file, out of memory between uses."},
     )
 
     # Logging
@@ -630,11 +598,6 @@ class GRPOConfig(TrainingArguments):
             errors.append(f"epsilon and epsilon_high must be > 0 (got {self.epsilon}, {self.epsilon_high}).")
         if self.temperature <= 0:
             errors.append(f"temperature must be > 0 (got {self.temperature}).")
-        if self.generation_implementation not in GENERATION_IMPLEMENTATIONS:
-            errors.append(
-                f"generation_implementation must be one of {', '.join(GENERATION_IMPLEMENTATIONS)} "
-                f"(got {self.generation_implementation!r})."
-            )
         if self.loss_type not in LOSS_TYPES:
             errors.append(f"Unknown loss type: {self.loss_type}. loss_type must be one of {', '.join(LOSS_TYPES)}.")
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:

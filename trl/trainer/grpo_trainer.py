@@ -32,7 +32,7 @@ from ..generation.grpo_generation import (
     pad_completions,
     sample_completions,
 )
-from ..models.cpu_memory import RetainFreedMemoryCallback
+from ..models.cpu_memory import RetainFreedMemoryCallback, retain_freed_memory_requested
 from ..models.utils import (
     check_distributed_setup,
     disable_dropout_in_model,
@@ -259,7 +259,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             optimizers=optimizers,
         )
         check_distributed_setup(self.accelerator)
-        if args.retain_freed_cpu_memory and self.accelerator.device.type == "cpu":
+        if retain_freed_memory_requested() and self.accelerator.device.type == "cpu":
             # opt-in and process-wide (glibc), so applied when training starts, not here: freed tensors' memory is
             # reused instead of faulted in again, and AdamW's moments are allocated before the first step's temporaries
             self.add_callback(RetainFreedMemoryCallback())
@@ -505,9 +505,9 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
                     ids,
                     mask,
                     self.generation_config,
-                    args.generation_implementation,
-                    args.packed_generation_weights,
-                    args.inverse_cdf_sampling,
+                    "shared_prefix" if args.shared_prefix else "generate",
+                    packed_weights=True,  # CPU only, the same logits to the bit
+                    inverse_cdf=args.inverse_cdf_sampling,
                 )
         return completion_id_lists(completion_ids, self.eos_token_ids), None
 
@@ -675,12 +675,12 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             compute_entropy=compute_entropy,
             compute_aux_loss=compute_aux_loss,
             entropy_grad=compute_entropy and (self.entropy_control.enabled or not own_loss),
-            share_prefix=self.args.shared_prefix_scoring,
-            sparse_embedding_grad=self.args.sparse_embedding_grad,
+            share_prefix=self.args.shared_prefix,
+            sparse_embedding_grad=True,  # the dense gradient up to the order of float additions
             chunked_logprobs=self.args.chunked_logprobs,
-            grouped_kv_attention=self.args.grouped_kv_attention,
+            grouped_kv_attention=True,  # CPU only, the same log-probs to the bit
             recompute_elementwise_activations=self.args.recompute_elementwise_activations,
-            packed=self.args.packed_completion_scoring,
+            packed=True,
         )
         return scores.per_token_logps, scores.entropies, scores.aux_loss
 
