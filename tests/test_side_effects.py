@@ -1,6 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""A training step leaves the process as it found it: torch's and transformers' functions, the classes of the model
-and of `torch.nn`, and a patch of `torch.multinomial` that another library installed after trl's import."""
+"""A training step leaves the process as it found it: glibc's malloc settings, torch's and transformers' functions, the
+classes of the model and of `torch.nn`, and a patch of `torch.multinomial` that another library installed after trl's
+import."""
 
 import json
 import os
@@ -13,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Runs in a fresh process, so that no earlier test has imported, wrapped or restored anything.
 SCRIPT = r"""
-import json, sys, tempfile
+import ctypes, json, sys, tempfile
 
 import torch
 import transformers.integrations.sdpa_attention as sdpa_attention
@@ -50,6 +51,22 @@ def snapshot():
     }
 
 
+class MallInfo2(ctypes.Structure):  # glibc's mallinfo2(): hblks counts the blocks malloc serves by mmap
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+# Whether glibc serves a 40 MiB block with a mapping of its own, as its defaults do above the largest mmap threshold
+# (32 MiB); `trl.models.cpu_memory.retain_freed_memory` turns that off for good (M_MMAP_MAX = 0).
+def glibc_maps_big_blocks():
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = MallInfo2
+    mapped = libc.mallinfo2().hblks
+    block = torch.empty(40 * 2**20, dtype=torch.uint8)
+    mapped_now = libc.mallinfo2().hblks
+    del block
+    return mapped_now > mapped
+
+
 def length(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
@@ -69,13 +86,15 @@ with tempfile.TemporaryDirectory() as tmp:
     after = snapshot()
 changed = sorted(name for name in before.keys() | after.keys() if before.get(name) is not after.get(name))
 verdict = {"changed": changed, "theirs_installed": torch.multinomial is theirs, "steps": trainer.state.global_step}
+verdict["glibc_maps_big_blocks"] = glibc_maps_big_blocks()
 print(json.dumps(verdict))
 """
 
 
 def test_a_training_step_changes_no_library_function_or_class():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env.pop("TRL_RETAIN_FREED_CPU_MEMORY", None)  # the default: glibc's settings left alone
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     verdict = json.loads(done.stdout.strip().splitlines()[-1])
-    assert verdict == {"changed": [], "theirs_installed": True, "steps": 1}
+    assert verdict == {"changed": [], "theirs_installed": True, "steps": 1, "glibc_maps_big_blocks": True}
