@@ -80,7 +80,7 @@ def test_trainer_loads_a_reference_file_with_a_saved_inv_freq(tiny_lm_path, arit
     trainer = GRPOTrainer(
         tiny_lm_path, lambda completions, **kw: [0.0] * len(completions), args=args, train_dataset=arithmetic_dataset
     )
-    reference = trainer._reference_tensors()
+    reference = trainer.reference.tensors(trainer.model)
     saved = {k: torch.full_like(v, 0.5) for k, v in reference.items()}
     inv_freq = trainer.ref_model.get_buffer("model.rotary_emb.inv_freq").clone()
     _write_reference(tmp_path, {**saved, "model.rotary_emb.inv_freq": inv_freq + 1})

@@ -174,7 +174,7 @@ def test_peft_sync_mixes_a_frozen_reference_adapter(tiny_lm_path, arithmetic_dat
     trainer = GRPOTrainer(
         tiny_lm_path, first_token_reward, args=args, train_dataset=arithmetic_dataset, peft_config=peft_config
     )
-    assert trainer.ref_model is None and trainer.ref_adapter == "ref"
+    assert trainer.ref_model is None and trainer.reference.adapter == "ref"
 
     def adapter(name):
         return {

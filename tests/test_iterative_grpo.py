@@ -74,7 +74,9 @@ class Snapshots(TrainerCallback):
         self.trainer, self.reference, self.policy_adapter = trainer, {}, {}
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.reference[state.global_step] = {k: v.clone() for k, v in self.trainer._reference_tensors().items()}
+        self.reference[state.global_step] = {
+            k: v.clone() for k, v in self.trainer.reference.tensors(self.trainer.model).items()
+        }
         policy = self.trainer.accelerator.unwrap_model(self.trainer.model)
         self.policy_adapter[state.global_step] = {
             k.replace(".default.", f".{REFERENCE_ADAPTER}."): p.detach().clone()
@@ -88,10 +90,10 @@ def test_lora_reference_adapter_hard_sync(model_dir, tmp_path):
     snaps = Snapshots(trainer)
     trainer.add_callback(snaps)
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    initial_ref = {k: v.clone() for k, v in trainer._reference_tensors().items()}
+    initial_ref = {k: v.clone() for k, v in trainer.reference.tensors(trainer.model).items()}
     trainer.train()
 
-    assert trainer.ref_model is None and trainer.ref_adapter == REFERENCE_ADAPTER
+    assert trainer.ref_model is None and trainer.reference.adapter == REFERENCE_ADAPTER
     assert len(initial_ref) == 8  # lora_A/B of q_proj and v_proj in 2 layers
     for step in (1, 2, 3, 4):
         ref, pol = snaps.reference[step], snaps.policy_adapter[step]
@@ -130,7 +132,7 @@ def test_lora_from_trained_adapter_keeps_it_as_reference(model_dir, tmp_path):
             if "lora_B" in name:
                 p.normal_(0, 0.5)  # a "trained" adapter: non-zero delta
     trainer = make_trainer(model, tmp_path, sync_ref_model=False)
-    assert trainer.ref_adapter == REFERENCE_ADAPTER
+    assert trainer.reference.adapter == REFERENCE_ADAPTER
     trainer.model.train()
     batch = trainer._generate_and_score_completions([x for x in make_arithmetic_dataset(2) for _ in range(4)])
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
@@ -148,7 +150,7 @@ def test_lora_from_trained_adapter_keeps_it_as_reference(model_dir, tmp_path):
 def test_fresh_lora_without_sync_uses_disabled_adapters(model_dir, tmp_path):
     trainer = make_trainer(model_dir, tmp_path, peft_config=lora_config(), sync_ref_model=False)
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    assert trainer.ref_model is None and trainer.ref_adapter is None
+    assert trainer.ref_model is None and trainer.reference.adapter is None
     assert list(policy.peft_config) == ["default"]
 
 
@@ -181,7 +183,7 @@ def test_resume_restores_synced_reference_exactly(model_dir, tmp_path, use_lora)
 
     resumed = make_trainer(model_dir, tmp_path / "b", peft_config=peft_config, **common)
     resumed._load_reference_state(str(checkpoint))
-    after_load = resumed._reference_tensors()
+    after_load = resumed.reference.tensors(resumed.model)
     assert all(torch.equal(after_load[k], snaps.reference[3][k]) for k in after_load)
     assert resumed.sync_callback.num_syncs == 1 and resumed.sync_callback.last_sync_step == 2
     # The step-1 reference differs from the step-3 one: the comparison above can fail.
@@ -189,7 +191,7 @@ def test_resume_restores_synced_reference_exactly(model_dir, tmp_path, use_lora)
 
     resumed = make_trainer(model_dir, tmp_path / "b", peft_config=peft_config, **common)
     resumed.train(resume_from_checkpoint=str(checkpoint))
-    final = resumed._reference_tensors()
+    final = resumed.reference.tensors(resumed.model)
     assert all(torch.equal(final[k], snaps.reference[6][k]) for k in final)
     assert resumed.sync_callback.num_syncs == 3
 
@@ -251,7 +253,7 @@ def test_resume_inside_a_generation_batch_is_exact(model_dir, tmp_path):
     resumed.train(resume_from_checkpoint=str(checkpoint))
     policy_a, policy_c = dict(run_a.model.named_parameters()), dict(resumed.model.named_parameters())
     assert all(torch.equal(policy_a[k], policy_c[k]) for k in policy_a)
-    ref_a, ref_c = run_a._reference_tensors(), resumed._reference_tensors()
+    ref_a, ref_c = run_a.reference.tensors(run_a.model), resumed.reference.tensors(resumed.model)
     assert all(torch.equal(ref_a[k], ref_c[k]) for k in ref_a)
     # `num_tokens` is cumulative and travels with the trainer state.
     assert resumed.state.num_input_tokens_seen == run_a.state.num_input_tokens_seen > 0
@@ -300,7 +302,7 @@ def test_resume_at_an_epoch_that_ends_inside_an_accumulation_window_is_exact(mod
     assert resumed._step == 6
     policy_a, policy_c = dict(run_a.model.named_parameters()), dict(resumed.model.named_parameters())
     assert all(torch.equal(policy_a[k], policy_c[k]) for k in policy_a)
-    ref_a, ref_c = run_a._reference_tensors(), resumed._reference_tensors()
+    ref_a, ref_c = run_a.reference.tensors(run_a.model), resumed.reference.tensors(resumed.model)
     assert all(torch.equal(ref_a[k], ref_c[k]) for k in ref_a)
 
 
@@ -390,7 +392,7 @@ def test_every_checkpoint_holds_the_reference_of_the_uninterrupted_run(model_dir
     resumed = make_trainer(model_dir, tmp_path / "b", **common)
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))
     assert resumed.sync_callback.num_syncs == 3
-    reference, final = resumed._reference_tensors(), run._reference_tensors()
+    reference, final = resumed.reference.tensors(resumed.model), run.reference.tensors(run.model)
     assert all(torch.equal(reference[k], final[k]) for k in final)
     policy = dict(resumed.model.named_parameters())
     assert all(torch.equal(policy[k], p) for k, p in run.model.named_parameters())
@@ -411,7 +413,7 @@ def test_resume_from_a_batch_cut_before_a_sync_is_exact(model_dir, tmp_path):
     resumed = make_trainer(model_dir, tmp_path / "b", **common)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.sync_callback.num_syncs == run.sync_callback.num_syncs == 4
-    reference, final = resumed._reference_tensors(), run._reference_tensors()
+    reference, final = resumed.reference.tensors(resumed.model), run.reference.tensors(run.model)
     assert all(torch.equal(reference[k], final[k]) for k in final)
     policy = dict(resumed.model.named_parameters())
     assert all(torch.equal(policy[k], p) for k, p in run.model.named_parameters())

@@ -94,7 +94,7 @@ def test_refuses_what_it_cannot_offload(model_dir, tmp_path):
 
 def offload_state(trainer) -> tuple[int, bool]:
     """KiB of the reference's file resident, and whether the reference's parameters are the file's views."""
-    offload = trainer.ref_offload
+    offload = trainer.reference.offload
     views = all(p.data_ptr() == v.data_ptr() for p, v in zip(offload.params, offload.views))
     return resident_kib(offload.storage.data_ptr(), offload.nbytes), views
 
@@ -136,7 +136,7 @@ def test_training_sync_checkpoint_and_resume_are_bitwise_the_same(model_dir, tmp
 
     policy, other = dict(plain.model.named_parameters()), dict(resumed.model.named_parameters())
     assert all(torch.equal(policy[k], other[k]) for k in policy)
-    ref_plain, ref_resumed = plain._reference_tensors(), resumed._reference_tensors()
+    ref_plain, ref_resumed = plain.reference.tensors(plain.model), resumed.reference.tensors(resumed.model)
     assert all(torch.equal(ref_plain[k], ref_resumed[k]) for k in ref_plain)
     losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
     assert losses == [h["loss"] for h in resumed.state.log_history if "loss" in h] and len(losses) == 4

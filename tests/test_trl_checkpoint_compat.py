@@ -115,7 +115,7 @@ class FirstStepReference(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.reference is None:
-            self.reference = {k: v.clone() for k, v in self.trainer._reference_tensors().items()}
+            self.reference = {k: v.clone() for k, v in self.trainer.reference.tensors(self.trainer.model).items()}
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +140,7 @@ def trl_checkpoint(upstream_python, tiny_lm_path, tmp_path_factory) -> str:
 @pytest.mark.parametrize("restore_callbacks", [False, True], ids=["default", "restore_callback_states"])
 def test_resume_a_trl_checkpoint(tiny_lm_path, trl_checkpoint, tmp_path, caplog, restore_callbacks):
     trainer = ours(tiny_lm_path, output_dir=tmp_path, restore_callback_states_from_checkpoint=restore_callbacks)
-    initial = {k: v.clone() for k, v in trainer._reference_tensors().items()}
+    initial = {k: v.clone() for k, v in trainer.reference.tensors(trainer.model).items()}
     probe = FirstStepReference(trainer)
     trainer.add_callback(probe)
     with caplog.at_level(logging.WARNING, logger="trl.reference.ref_checkpoint"):

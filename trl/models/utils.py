@@ -450,6 +450,15 @@ def prepare_inference_model(model: nn.Module, accelerator) -> nn.Module:
     return accelerator.prepare_model(model, evaluation_mode=True)
 
 
+def prepare_reward_models(reward_funcs: list, accelerator) -> None:
+    """Freeze the reward models among `reward_funcs` (eval mode, no gradients) and place each for inference under
+    `accelerator` (see `prepare_inference_model`), in place; other reward functions are left as they are."""
+    for i, func in enumerate(reward_funcs):
+        if isinstance(func, PreTrainedModel):
+            func.eval().requires_grad_(False)
+            reward_funcs[i] = prepare_inference_model(func, accelerator)
+
+
 def adapter_parameters(model: nn.Module, adapter: str) -> dict[str, nn.Parameter]:
     """The parameters of PEFT adapter `adapter`, by their full names: those whose name has a component equal to the
     adapter's name (e.g. `...lora_A.default.weight` for `"default"`). Not detached, so ZeRO-3 attributes survive."""

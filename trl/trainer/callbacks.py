@@ -53,7 +53,7 @@ class SyncRefModelCallback(TrainerCallback):
         self.num_syncs = 0
         self.last_sync_step = 0
         self._sync: ReferenceSync | None = None  # the pairing, matched by name and validated once
-        # a block in which the reference is in memory and may be written (`GRPOTrainer._reference_loaded`: an
+        # a block in which the reference is in memory and may be written (`ReferenceModel.loaded`: an
         # offloaded reference, `offload_ref_model`)
         self.reference_loaded = lambda write: nullcontext()
 
@@ -85,6 +85,11 @@ class SyncRefModelCallback(TrainerCallback):
     def sync_target_model(model: nn.Module, target_model: nn.Module, alpha: float) -> None:
         """One sync of `target_model` towards `model` (TRL's name): `trl.sync_reference_model(model, target_model, alpha)`."""
         sync_reference_model(model, target_model, alpha)
+
+    def metrics(self, global_step: int) -> dict[str, int]:
+        """What the trainer logs at optimizer step `global_step`: `ref_model/num_syncs` and
+        `ref_model/steps_since_sync`."""
+        return {"ref_model/num_syncs": self.num_syncs, "ref_model/steps_since_sync": global_step - self.last_sync_step}
 
     def state_dict(self) -> dict[str, int]:
         """Counters to store in a checkpoint next to the reference weights."""

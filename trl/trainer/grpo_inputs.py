@@ -364,3 +364,39 @@ def single_process_loading(args) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(args, name, value)
+
+
+def prompt_order(args, num_generations: int) -> dict[str, int]:
+    """How training reads prompts, as keyword arguments of `RepeatSampler` and `repeat_iterable_dataset`: each prompt
+    `num_generations` times in a row, `generation_batch_size / num_generations` prompts per generation batch, and
+    each generation batch read `num_iterations × steps_per_generation` times (once per micro-batch it serves)."""
+    return {
+        "mini_repeat_count": num_generations,
+        "batch_size": args.generation_batch_size // num_generations,
+        "repeat_count": args.num_iterations * args.steps_per_generation,
+    }
+
+
+def train_sampler(dataset: Sized, args, num_generations: int) -> RepeatSampler:
+    """The sampler of a map-style train dataset: `prompt_order`, shuffled with `seed` when `shuffle_dataset`."""
+    return RepeatSampler(dataset, **prompt_order(args, num_generations), shuffle=args.shuffle_dataset, seed=args.seed)
+
+
+def train_stream(dataset: IterableDataset, args, num_generations: int) -> WholeStream:
+    """A train stream in `prompt_order` (after a buffered shuffle with `seed` when `shuffle_dataset`), read whole by
+    every process, which keeps its slice of each batch."""
+    dataset = dataset.shuffle(seed=args.seed) if args.shuffle_dataset else dataset
+    return WholeStream(repeat_iterable_dataset(dataset, **prompt_order(args, num_generations)))
+
+
+def eval_stream(dataset: IterableDataset, args, dataloader_config, num_generations_eval: int) -> WholeStream:
+    """An eval stream (one given to `evaluate` only is checked here, `check_stream_settings`), with accelerate's
+    `dataloader_config.dispatch_batches` off, shuffled (buffered, `seed`) and each prompt repeated
+    `num_generations_eval` times in a row, read whole by every process.
+
+    Raises:
+        ValueError: for `accelerator_config.dispatch_batches=True`.
+    """
+    check_stream_settings(args, None, dataset)
+    dataloader_config.dispatch_batches = False
+    return WholeStream(repeat_iterable_dataset(dataset.shuffle(seed=args.seed), num_generations_eval))

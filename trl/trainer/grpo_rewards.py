@@ -674,18 +674,21 @@ def raise_on_every_process(num_processes: int, gather_object: Callable[[list], l
 TRAINER_REWARD_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
 
-def check_reward_columns(reward_funcs: list, reward_func_names: list[str], datasets: list[tuple[str, Any]]) -> None:
+def check_reward_columns(reward_funcs: list, reward_func_names: list[str], train_dataset, eval_dataset=None) -> None:
     """Raise before training when a reward function requires a keyword argument that neither the trainer nor a
     dataset provides (e.g. TRL's `accuracy_reward` on a dataset without a `solution` column), instead of a
     `TypeError` at the first batch. Reward models, and datasets whose columns are unknown (some streams), are skipped.
 
     Args:
         reward_funcs, reward_func_names: as loaded by `load_reward_funcs`.
-        datasets: `(name, dataset)` pairs; a dataset's other columns reach reward functions as keyword arguments.
+        train_dataset, eval_dataset: the trainer's datasets (`eval_dataset` `None`, one, or a dict of named ones);
+            a dataset's other columns reach reward functions as keyword arguments.
 
     Raises:
         ValueError: naming the function, the missing column(s), the dataset and the columns it has.
     """
+    evals = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
+    datasets = [("train_dataset", train_dataset), *((k, d) for k, d in evals if d is not None)]
     for func, name in zip(reward_funcs, reward_func_names):
         if isinstance(func, nn.Module) or not callable(func):
             continue

@@ -12,7 +12,6 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -39,21 +38,11 @@ from ..models.utils import (
     load_policy,
     load_tokenizer,
     model_init_kwargs,
-    prepare_inference_model,
+    prepare_reward_models,
     unwrap_model_for_generation,
-    use_adapter,
 )
-from ..reference.ref_checkpoint import (
-    REF_ADAPTER_FILE,
-    REF_MODEL_FILE,
-    SyncReferenceAtResume,
-    load_reference_state,
-    reference_state_without_file,
-    reference_tensors,
-    save_reference_state,
-)
-from ..reference.ref_offload import OffloadedReference
-from ..reference.ref_sync import make_reference, non_persistent_buffer_names
+from ..reference.ref_checkpoint import SyncReferenceAtResume
+from ..reference.reference_model import ReferenceModel
 from ..rewards._utils import completion_text
 from ..scoring.grpo_scoring import cast_lm_head_to_fp32, router_aux_loss_settings, score_completions
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
@@ -62,12 +51,11 @@ from .grpo_checkpoint import add_missing_callback_states, load_generation_buffer
 from .grpo_config import GRPOConfig
 from .grpo_inputs import (
     RepeatSampler,
-    WholeStream,
     check_eval_batch,
     check_prompt_datasets,
     check_stream_settings,
+    eval_stream,
     micro_steps_done,
-    repeat_iterable_dataset,
     reward_columns,
     sampling_rng,
     shuffle_and_split,
@@ -75,6 +63,8 @@ from .grpo_inputs import (
     single_process_loading,
     stop_token_ids,
     tokenize_prompts,
+    train_sampler,
+    train_stream,
 )
 from .grpo_losses import (
     POLICY_LOSS_FIELDS,
@@ -104,7 +94,7 @@ from .grpo_rewards import (
     weighted_rewards,
 )
 from .reward_model_refresh import RewardModelRefresh
-from .trl_compat import TRLTrainerSurface, check_overrides
+from .trl_compat import TRLTrainerSurface, check_overrides, check_unsupported_arguments, default_config
 
 
 logger = logging.get_logger(__name__)
@@ -190,15 +180,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         reward_model_label_func: Callable[..., list[float | None]] | None = None,
     ):
         check_overrides(type(self), GRPOTrainer)
-        unsupported = {"tools": tools, "rollout_func": rollout_func, "environment_factory": environment_factory}
-        for name, value in unsupported.items():  # TRL's tool-calling and custom-rollout arguments
-            if value is not None:
-                raise ValueError(
-                    f"`{name}` (tool calling / custom rollouts) is not supported by this package: leave it None."
-                )
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = GRPOConfig(f"{os.path.basename(str(name).rstrip('/')) or 'model'}-GRPO")
+        check_unsupported_arguments(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
+        args = default_config(model) if args is None else args
         model, given_peft_model = load_policy(model, args, quantization_config, peft_config)
         processing_class = load_tokenizer(model, args, processing_class)
 
@@ -209,18 +192,13 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self._reward_loop = RewardEventLoop() if any(map(is_async_reward_func, self.reward_funcs)) else None
         self._reward_hooks = RewardLogHooks()
         check_prompt_datasets(train_dataset, eval_dataset)
-        evals = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
-        named = [("train_dataset", train_dataset), *((k, d) for k, d in evals if d is not None)]
-        check_reward_columns(self.reward_funcs, self.reward_func_names, named)
+        check_reward_columns(self.reward_funcs, self.reward_func_names, train_dataset, eval_dataset)
         check_stream_settings(args, train_dataset, eval_dataset)  # before the accelerator is built
 
-        # Reference model: a frozen copy, a frozen adapter of a PEFT policy, or (None, None) (see `make_reference`)
+        # Reference model: a frozen copy, a frozen adapter of a PEFT policy, or none (see `ReferenceModel`)
         self.beta = args.beta
         self.is_peft_model = hasattr(model, "peft_config")
-        self.ref_model, self.ref_adapter = make_reference(
-            model, args.beta, args.sync_ref_model, given_peft_model, model_init_kwargs(args)
-        )
-        self._reference_file = REF_MODEL_FILE if self.ref_model is not None else REF_ADAPTER_FILE
+        self.reference = ReferenceModel(model, args, given_peft_model)
         for m in (model, self.ref_model):
             if m is not None and args.disable_dropout:
                 disable_dropout_in_model(m)
@@ -272,26 +250,13 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
                 args.per_device_eval_batch_size, self.accelerator.num_processes, self.num_generations_eval
             )
 
-        if self.ref_model is not None:
-            self.ref_model = prepare_inference_model(self.ref_model, self.accelerator)
-        self.ref_offload: OffloadedReference | None = None
-        if args.offload_ref_model:
-            if self.ref_model is None:
-                raise ValueError(
-                    "offload_ref_model=True needs a separate reference model; with a PEFT policy the reference is "
-                    "the base model with the adapter off or a frozen adapter copy, nothing to offload. Set "
-                    "offload_ref_model=False."
-                )
-            self.ref_offload = OffloadedReference(self.accelerator.unwrap_model(self.ref_model), args.output_dir)
-        for i, func in enumerate(self.reward_funcs):
-            if isinstance(func, PreTrainedModel):
-                func.eval().requires_grad_(False)
-                self.reward_funcs[i] = prepare_inference_model(func, self.accelerator)
+        self.reference.prepare(self.accelerator)
+        prepare_reward_models(self.reward_funcs, self.accelerator)
 
         self.sync_callback: SyncRefModelCallback | None = None  # a user-supplied one is bound, else one is added
         if args.sync_ref_model:
             self.sync_callback = SyncRefModelCallback.attach(self.callback_handler, self.ref_model, self.accelerator)
-            self.sync_callback.reference_loaded = self._reference_loaded
+            self.reference.follow(self.sync_callback)
         self.reward_model_refresh = RewardModelRefresh.for_trainer(self, reward_model_label_func)  # None: frozen
         if self.reward_model_refresh is not None:  # registered before the sync: update, then reset the reference
             RewardModelRefreshCallback(self.reward_model_refresh).register(self.callback_handler)
@@ -303,35 +268,19 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         if self._signature_columns is None:
             self._signature_columns = ["prompt"]
 
-    def _get_train_sampler(self, train_dataset=None) -> Sampler:
+    def _get_train_sampler(self, train_dataset=None) -> Sampler:  # see `grpo_inputs.prompt_order`
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        return RepeatSampler(
-            dataset,
-            mini_repeat_count=self.num_generations,
-            batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation,
-            shuffle=self.args.shuffle_dataset,
-            seed=self.args.seed,
-        )
+        return train_sampler(dataset, self.args, self.num_generations)
 
     def _get_eval_sampler(self, eval_dataset) -> Sampler:  # seeded shuffle: TRL's eval prompt order
         return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, seed=self.args.seed)
 
     def get_train_dataloader(self):
         """One item = one local generation batch (`_train_batch_size` rows). A map-style dataset gets `RepeatSampler`;
-        a stream is put in the same order (`repeat_iterable_dataset`, after a buffered shuffle when
-        `shuffle_dataset`) and read whole by every process, which keeps its slice of each batch."""
+        a stream is put in the same order (`grpo_inputs.train_stream`)."""
         dataset = self.train_dataset
         if isinstance(dataset, IterableDataset):
-            args = self.args
-            dataset = WholeStream(
-                repeat_iterable_dataset(
-                    dataset.shuffle(seed=args.seed) if args.shuffle_dataset else dataset,
-                    mini_repeat_count=self.num_generations,
-                    batch_size=args.generation_batch_size // self.num_generations,
-                    repeat_count=self.num_iterations * args.steps_per_generation,
-                )
-            )
+            dataset = train_stream(dataset, self.args, self.num_generations)
         return self._get_dataloader(dataset, "Training", self._train_batch_size, self._get_train_sampler, True)
 
     def get_eval_dataloader(self, eval_dataset: str | Dataset | IterableDataset | None = None):
@@ -346,11 +295,9 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         dataset = self.eval_dataset if dataset is None else dataset
         if not isinstance(dataset, IterableDataset):
             return super().get_eval_dataloader(eval_dataset)
-        check_stream_settings(self.args, None, dataset)  # a stream given to `evaluate` only
-        self.accelerator.dataloader_config.dispatch_batches = False
-        stream = repeat_iterable_dataset(dataset.shuffle(seed=self.args.seed), self.num_generations_eval)
+        stream = eval_stream(dataset, self.args, self.accelerator.dataloader_config, self.num_generations_eval)
         with single_process_loading(self.args):
-            return self._get_dataloader(WholeStream(stream), "Evaluation", self.args.eval_batch_size)
+            return self._get_dataloader(stream, "Evaluation", self.args.eval_batch_size)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         self._step, self._buffered_inputs = None, None
@@ -372,10 +319,6 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
 
     # ---- checkpoints: the synced reference and the cut generation batch travel with the policy ----
 
-    def _reference_tensors(self) -> dict[str, torch.Tensor]:
-        ref_model = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
-        return reference_tensors(ref_model, self.accelerator.unwrap_model(self.model), self.ref_adapter)
-
     def _save_checkpoint(self, model, trial):
         # A state resumed from a checkpoint without some callback's entry (TRL's: no EntropyCoefficient) gets one.
         add_missing_callback_states(self.state.stateful_callbacks, self.callback_handler.callbacks)
@@ -387,13 +330,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         if self.reward_model_refresh is not None:
             self.reward_model_refresh.save(folder, self.args.should_save)
         if self.sync_callback is not None:
-            state, file = self.sync_callback.state_dict(), self._reference_file
-            with self._reference_loaded():
-                save_reference_state(self._reference_tensors(), folder, file, state, self.args.should_save)
-
-    def _reference_loaded(self, write: bool = False):
-        """A block in which an offloaded reference (`offload_ref_model`) is in memory; `write=True` for changes."""
-        return self.ref_offload.loaded(write) if self.ref_offload is not None else nullcontext()
+            self.reference.save(folder, self.model, self.args.should_save)
 
     def _load_callback_state(self) -> None:
         # With `restore_callback_states_from_checkpoint`, Trainer swaps in a new EntropyCoefficient: use that one.
@@ -402,16 +339,10 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self.entropy_control = restored[0] if restored else self.entropy_control
 
     def _load_reference_state(self, checkpoint: str) -> None:
-        ref_model = self.accelerator.unwrap_model(self.ref_model) if self.ref_model is not None else None
-        ignorable = non_persistent_buffer_names(ref_model)  # saved by earlier versions, derived: not restored
-        saved = os.path.exists(os.path.join(checkpoint, self._reference_file))  # else nothing is written
-        with self._reference_loaded(write=saved):
-            state = load_reference_state(self._reference_tensors(), checkpoint, self._reference_file, ignorable)
-        if state is None:  # e.g. a TRL checkpoint: the reference is rebuilt from the policy once it is loaded
-            state, resume_alpha = reference_state_without_file(checkpoint, self._reference_file, self.args)
-            if resume_alpha is not None:  # with the α of the run that wrote the checkpoint
-                self.add_callback(SyncReferenceAtResume(self.sync_callback, resume_alpha))
-        self.sync_callback.load_state_dict(state)
+        """The reference and its sync counters as `checkpoint` holds them (see `ReferenceModel.restore`)."""
+        resume_sync = self.reference.restore(checkpoint, self.model)
+        if resume_sync is not None:  # a checkpoint without the reference (TRL's): one sync once the policy is loaded
+            self.add_callback(resume_sync)
 
     # ---- one step: prompts → completions → rewards → advantages → log-probs → loss ----
 
@@ -433,27 +364,10 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             seed = shuffle_seed(self.args.seed, self._step, self.accelerator.process_index)
             self._buffered_inputs = shuffle_and_split(batch, steps_per_generation, seed)
         index = self._step % steps_per_generation
-        inputs = self._buffered_inputs[index] = self._with_current_reference(self._buffered_inputs[index])
+        inputs = self.reference.with_current_version(self._buffered_inputs[index], self._ref_per_token_logps)
+        self._buffered_inputs[index] = inputs
         self._step += 1
         return inputs
-
-    def _reference_version(self) -> int:
-        """Syncs of the reference so far (0 without syncing): buffered reference log-probs carry the value they were
-        computed at, and are recomputed when it has moved on."""
-        return self.sync_callback.num_syncs if self.sync_callback is not None else 0
-
-    def _with_current_reference(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """`inputs` with `ref_per_token_logps` under the current reference: a micro-batch buffered before a sync (the
-        rest of a generation batch with `num_iterations > 1` or `steps_per_generation > gradient_accumulation_steps`)
-        is scored again, one reference pass over its rows, so the first loss after a sync already sees it."""
-        if "ref_per_token_logps" not in inputs or inputs.get("ref_version") == self._reference_version():
-            return inputs
-        completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
-        with torch.no_grad():
-            ref_logps = self._ref_per_token_logps(input_ids, attention_mask, mask.size(1), input_ids.size(0))
-        return {**inputs, "ref_per_token_logps": ref_logps, "ref_version": self._reference_version()}
 
     def _sampling_rng(self, mode: str):
         """Seed this generation batch's sampling from where training is (see `grpo_inputs.sampling_rng`): the
@@ -580,7 +494,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
                 output["ref_per_token_logps"] = self._ref_per_token_logps(
                     input_ids, attention_mask, mask.size(1), batch_size
                 )
-                output["ref_version"] = self._reference_version()
+                output["ref_version"] = self.reference.version
         total_tokens = gather(mask.sum()).sum().float()
         micro_batches = args.steps_per_generation if mode == "train" else 1
         output["num_items_in_batch"] = total_tokens / (self.accelerator.num_processes * micro_batches)
@@ -685,15 +599,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         return scores.per_token_logps, scores.entropies, scores.aux_loss
 
     def _ref_per_token_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
-        if self.ref_model is not None:
-            with self._reference_loaded():
-                return self._get_per_token_logps_and_entropies(
-                    self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size
-                )[0]
-        peft_model = self.accelerator.unwrap_model(self.model)
-        context = use_adapter(peft_model, self.ref_adapter) if self.ref_adapter else peft_model.disable_adapter()
-        with context:
-            model = self.model
+        """`(N, L)` reference log-probs: `_get_per_token_logps_and_entropies` of the reference's model."""
+        with self.reference.scoring(self.model) as model:
             return self._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size
             )[0]
@@ -788,8 +695,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         if mode == "eval":
             metrics = {f"eval_{key}": value for key, value in metrics.items()}
         elif self.sync_callback is not None:
-            metrics["ref_model/num_syncs"] = self.sync_callback.num_syncs
-            metrics["ref_model/steps_since_sync"] = self.state.global_step - self.sync_callback.last_sync_step
+            metrics.update(self.sync_callback.metrics(self.state.global_step))
         super().log({**logs, **metrics}, start_time)
         self._metrics[mode].clear()
         printable = self.args.log_completions and self._last_completions and self.accelerator.is_main_process

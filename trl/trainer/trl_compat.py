@@ -4,11 +4,13 @@
 the config-valued attributes, and a check that no override of a TRL method this trainer never calls is silently
 ignored."""
 
+import os
 from functools import partial
 
 import torch
 
 from ..scoring.grpo_scoring import gather_valid_entropies
+from .grpo_config import GRPOConfig
 from .grpo_losses import high_entropy_mask, off_policy_sequence_mask
 
 
@@ -68,7 +70,8 @@ def _config_attribute(name: str, field: str) -> property:
 class TRLTrainerSurface:
     """Mixin of [`GRPOTrainer`]: TRL 1.16's methods and attributes with the same names, arguments and returns, each
     one called by the trainer's own steps (so a subclass's override takes effect). Needs `self.args`,
-    `self.accelerator`, `self.entropy_control` and `self._reward_hooks`, and `_compute_loss` from the trainer."""
+    `self.accelerator`, `self.entropy_control`, `self._reward_hooks` and `self.reference`, and `_compute_loss` from the
+    trainer."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """GRPO loss of one micro-batch (see `_compute_loss`).
@@ -118,6 +121,12 @@ class TRLTrainerSurface:
     def _log_hooks(self) -> dict:
         return {"log_extra": self._log_completion_extra, "log_metric": self._log_metric}
 
+    @property
+    def ref_model(self):
+        """The reference model (TRL 1.16's attribute), read-only: `self.reference.model`, `None` for a PEFT policy
+        (its reference is an adapter or the base model) or with `beta=0.0`."""
+        return self.reference.model
+
     # ---- TRL 1.16's attributes for the entropy bonus (the state lives in `self.entropy_control`) ----
 
     @property
@@ -136,6 +145,27 @@ class TRLTrainerSurface:
 
 for _name, _field in CONFIG_ATTRIBUTES.items():
     setattr(TRLTrainerSurface, _name, _config_attribute(_name, _field))
+
+
+def check_unsupported_arguments(**arguments) -> None:
+    """Raise for TRL 1.16's tool-calling and custom-rollout arguments (`tools`, `rollout_func`,
+    `environment_factory`, given by name) that are not `None`.
+
+    Raises:
+        ValueError: naming the first such argument.
+    """
+    for name, value in arguments.items():
+        if value is not None:
+            raise ValueError(
+                f"`{name}` (tool calling / custom rollouts) is not supported by this package: leave it None."
+            )
+
+
+def default_config(model) -> GRPOConfig:
+    """TRL 1.16's config when none is given: `GRPOConfig("<model name>-GRPO")`, the name being the last part of the
+    model's path (`model` a path or a `PreTrainedModel`), or `model` when it has none."""
+    name = model if isinstance(model, str) else model.config._name_or_path
+    return GRPOConfig(f"{os.path.basename(str(name).rstrip('/')) or 'model'}-GRPO")
 
 
 def check_overrides(trainer_class: type, base: type) -> None:
