@@ -152,21 +152,14 @@ def logs_json(logs: list[dict]) -> str:
 
 
 def enable_fsdp_on_cpu() -> None:
-    """accelerate runs CPU processes as DDP and drops the FSDP plugin of `accelerate launch`: keep it (as
-    tests/distributed_workers/fsdp2_trainer_worker.py does; everything else is accelerate's own FSDP2 code)."""
-    import accelerate.state
-    from accelerate.utils import DistributedType
+    """accelerate runs CPU processes as DDP and drops the FSDP plugin of `accelerate launch`: keep it, with the
+    FSDP2 tests' own switch (tests/distributed_workers/fsdp2_trainer_worker.py; the rest is accelerate's FSDP2 code)."""
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "distributed_workers")
+    )
+    from fsdp2_trainer_worker import enable_fsdp_on_cpu as enable
 
-    original = accelerate.state.AcceleratorState.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        if self.distributed_type == DistributedType.MULTI_CPU and kwargs.get("fsdp_plugin") is not None:
-            self.distributed_type = DistributedType.FSDP
-            self.fsdp_plugin = kwargs["fsdp_plugin"]
-            accelerate.state.PartialState._shared_state["distributed_type"] = self.distributed_type
-
-    accelerate.state.AcceleratorState.__init__ = init
+    enable()
 
 
 def prepare(workdir: str, smollm2: bool) -> dict:
