@@ -22,7 +22,13 @@ from trl.reference.ref_checkpoint import (
     reference_state_without_file,
 )
 from trl.reference.ref_sync import non_persistent_buffer_names
-from trl.trainer.grpo_checkpoint import GENERATION_BUFFER_FILE, load_generation_buffer, save_generation_buffer
+from trl.trainer.grpo_checkpoint import (
+    GENERATION_BUFFER_FILE,
+    GenerationBuffer,
+    load_generation_buffer,
+    save_generation_buffer,
+)
+from trl.trainer.grpo_inputs import shuffle_and_split, shuffle_seed
 
 
 def test_generation_buffer_round_trip_and_other_world_size(tmp_path, caplog):
@@ -40,6 +46,32 @@ def test_generation_buffer_round_trip_and_other_world_size(tmp_path, caplog):
     # A buffer from before the process count was saved is used as it is.
     torch.save({"step": 1, "inputs": inputs}, path)
     assert load_generation_buffer(str(tmp_path), 0, torch.device("cpu"), num_processes=2)[0] == 1
+
+
+def test_generation_buffer_trains_each_micro_batch_num_iterations_times_and_saves_only_a_cut_batch(tmp_path):
+    accelerator = SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"))
+    buffer = GenerationBuffer(steps_per_generation=2, num_iterations=2)  # a batch every 4 micro-steps
+    batch = {"advantages": torch.arange(4.0), "num_items_in_batch": torch.tensor(8.0)}
+    buffer.step = 4
+    assert buffer.needs_batch()  # nothing buffered yet
+    buffer.fill(batch, seed=7, process_index=0)
+    expected = shuffle_and_split(batch, 2, shuffle_seed(7, 4, 0))
+    first, second = (micro_batch["advantages"].tolist() for micro_batch in expected)
+    seen = [buffer.next_micro_batch(lambda inputs: inputs)["advantages"].tolist() for _ in range(3)]
+    assert seen == [first, second, first] and sorted(first + second) == [0.0, 1.0, 2.0, 3.0]
+    assert buffer.step == 7 and not buffer.needs_batch()
+    buffer.save(str(tmp_path), accelerator)  # micro-step 7 cuts the batch of micro-steps 4..7
+    resumed = GenerationBuffer(2, 2)
+    resumed.load(str(tmp_path), accelerator)
+    assert resumed.step == 7 and resumed.inputs[1]["advantages"].tolist() == second
+    # `refresh` replaces the buffered micro-batch (a reference sync's new log-probs are kept)
+    assert resumed.next_micro_batch(lambda inputs: {**inputs, "ref_version": 1})["ref_version"] == 1
+    assert resumed.inputs[1]["ref_version"] == 1 and resumed.step == 8 and resumed.needs_batch()
+    boundary = tmp_path / "boundary"
+    resumed.save(str(boundary), accelerator)  # at a batch boundary nothing is saved
+    assert not boundary.exists()
+    resumed.reset()
+    assert resumed.step is None and resumed.inputs is None
 
 
 def _write_reference(folder, tensors, sync_state=None):

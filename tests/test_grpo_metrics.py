@@ -11,6 +11,7 @@ from test_distributed import ROOT, _launch
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_metrics import (
+    batch_completions_table,
     completion_length_metrics,
     completions_table,
     frac_reward_zero_std,
@@ -121,6 +122,21 @@ def test_completion_length_metrics():
     none_ended = completion_length_metrics(torch.tensor([8, 8]), torch.tensor([False, False]))
     assert none_ended["completions/mean_terminated_length"] == none_ended["completions/max_terminated_length"] == 0
     assert none_ended["completions/clipped_ratio"] == 1.0
+
+
+def test_batch_completions_table_puts_log_extra_columns_before_advantage():
+    prompts, completions = (
+        ["p", "p"],
+        [[{"role": "assistant", "content": "1"}], [{"role": "assistant", "content": "2"}]],
+    )
+    rewards, advantages = torch.tensor([1.0, 0.0]), torch.tensor([0.5, -0.5])
+    table = batch_completions_table(
+        prompts, completions, rewards, advantages, {"reward": [9.0, 8.0], "judge": ["a", "b"]}
+    )
+    assert list(table) == ["prompt", "completion", "reward", "judge", "advantage"]  # a column may replace `reward`
+    assert list(table.values()) == [["p", "p"], ["1", "2"], [9.0, 8.0], ["a", "b"], [0.5, -0.5]]
+    two_processes = batch_completions_table(prompts, ["x", "y"], rewards, advantages, {}, True, lambda xs: xs + xs)
+    assert two_processes == {"prompt": ["p"], "completion": ["x"], "reward": [1.0], "advantage": [0.5]}
 
 
 def test_completions_table_unique_prompts():

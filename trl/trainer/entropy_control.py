@@ -1,15 +1,17 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """The entropy-bonus coefficient: fixed, or adapted once per optimizer step (Skywork-OR1, arXiv 2505.22312), with
-its state saved in checkpoints (`trainer_state.json`) and restored on resume."""
+its state saved in checkpoints (`trainer_state.json`) and restored on resume; the bonus term and its metrics."""
 
 import math
 from collections.abc import Callable
 
 import torch
+from accelerate.utils import gather
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from .grpo_losses import masked_mean
+from .grpo_metrics import policy_loss_metric
 
 
 class EntropyCoefficient(TrainerCallback, ExportableState):
@@ -95,6 +97,41 @@ class EntropyCoefficient(TrainerCallback, ExportableState):
         if training:
             self.observe(entropies, mask, end_of_step, reduce)
         return loss, self.coef if training and end_of_step else None
+
+    def add_logged_bonus(
+        self,
+        loss: torch.Tensor,
+        entropies: torch.Tensor,
+        mask: torch.Tensor,
+        metrics: dict[str, list],
+        loss_type: str,
+        training: bool,
+        accumulation_steps: int,
+        accelerator,
+    ) -> torch.Tensor:
+        """`add_bonus` in the trainer's loss, with TRL's metrics appended to `metrics`: `policy_loss`, the loss before
+        the bonus (see `grpo_metrics.policy_loss_metric`), and `entropy_coef` at the end of a training step.
+
+        Args:
+            loss, entropies, mask, training: as in `add_bonus`.
+            metrics: name → values logged at the next log (the trainer's of this mode).
+            loss_type: the config's `loss_type`.
+            accumulation_steps: micro-batches in the current accumulation window.
+            accelerator: the trainer's; its `sync_gradients` marks the end of an optimizer step, its `reduce` sums
+                over processes.
+        """
+        metrics["policy_loss"].append(
+            policy_loss_metric(
+                loss, loss_type, training=training, accumulation_steps=accumulation_steps, gather=gather
+            )
+        )
+        end_of_step = accelerator.sync_gradients
+        loss, coef = self.add_bonus(
+            loss, entropies, mask, training=training, end_of_step=end_of_step, reduce=accelerator.reduce
+        )
+        if coef is not None:  # the coefficient of optimizer steps: never an eval metric
+            metrics["entropy_coef"].append(coef)
+        return loss
 
     def observe(
         self,

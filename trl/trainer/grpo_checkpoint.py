@@ -1,12 +1,17 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""What a GRPO checkpoint holds for the data beyond the `Trainer`'s own files: the unused rest of a generation batch
-cut by a checkpoint, and an entry for every stateful callback; the reference's part is `reference.ref_checkpoint`."""
+"""What a GRPO checkpoint holds for the data beyond the `Trainer`'s own files: the generation batch being trained on
+(`GenerationBuffer`, whose unused rest a checkpoint may cut), and an entry for every stateful callback; the
+reference's part is `reference.ref_checkpoint`."""
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
+
+from .grpo_inputs import shuffle_and_split, shuffle_seed
 
 
 logger = logging.get_logger(__name__)
@@ -53,3 +58,59 @@ def load_generation_buffer(
         )
         return None
     return saved["step"], saved["inputs"]
+
+
+class GenerationBuffer:
+    """One training generation batch as the micro-batches it is trained on, and the micro-step reached.
+
+    A generation batch is made every `steps_per_generation × num_iterations` micro-steps, shuffled and cut into
+    `steps_per_generation` micro-batches (`fill`), and each micro-batch is trained on `num_iterations` times
+    (`next_micro_batch`). A checkpoint that cuts a batch keeps its rest (`save`), so that a resumed run trains on the
+    very micro-batches of the uninterrupted one (`load`).
+
+    `step` is the micro-step, `None` until training starts (the trainer then sets the micro-steps already done);
+    `inputs` the micro-batches, `None` before the first batch. TRL 1.16 names them `_step` and `_buffered_inputs`
+    (trainer attributes in `trl_compat`).
+    """
+
+    def __init__(self, steps_per_generation: int, num_iterations: int):
+        self.steps_per_generation = steps_per_generation
+        self.steps_per_batch = steps_per_generation * num_iterations  # micro-steps trained on one generation batch
+        self.step: int | None = None
+        self.inputs: list[dict[str, Any]] | None = None
+
+    def reset(self) -> None:
+        """Forget the position and the batch (a new `train` call)."""
+        self.step, self.inputs = None, None
+
+    def needs_batch(self) -> bool:
+        """Whether the micro-step `step` starts a new generation batch (or none is buffered, as after a resume at a
+        batch boundary)."""
+        return self.step % self.steps_per_batch == 0 or self.inputs is None
+
+    def fill(self, batch: dict[str, Any], seed: int, process_index: int) -> None:
+        """Buffer a new generation batch, its rows shuffled with a seed of (`seed`, `step`, process) and cut into
+        `steps_per_generation` micro-batches (see `grpo_inputs.shuffle_and_split`)."""
+        order_seed = shuffle_seed(seed, self.step, process_index)
+        self.inputs = shuffle_and_split(batch, self.steps_per_generation, order_seed)
+
+    def next_micro_batch(self, refresh: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """The micro-batch of micro-step `step`, passed through `refresh` (and kept so: the reference's log-probs
+        after a sync, see `ReferenceModel.with_current_version`); advances `step`."""
+        index = self.step % self.steps_per_generation
+        self.inputs[index] = refresh(self.inputs[index])
+        self.step += 1
+        return self.inputs[index]
+
+    def save(self, folder: str, accelerator) -> None:
+        """Keep this process's micro-batches of a generation batch that the checkpoint in `folder` cuts (nothing at a
+        batch boundary: the resumed run generates the next one); `accelerator` gives the process and their number."""
+        if self.inputs is not None and self.step % self.steps_per_batch:
+            rank, world = accelerator.process_index, accelerator.num_processes
+            save_generation_buffer(folder, rank, self.step, self.inputs, world)
+
+    def load(self, checkpoint: str, accelerator) -> None:
+        """Take back this process's position and cut batch saved in `checkpoint`, if any (`load_generation_buffer`,
+        onto `accelerator.device`)."""
+        rank, device, world = accelerator.process_index, accelerator.device, accelerator.num_processes
+        self.step, self.inputs = load_generation_buffer(checkpoint, rank, device, world) or (None, None)

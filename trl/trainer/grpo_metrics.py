@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..rewards._utils import completion_text
 from .grpo_losses import TOKEN_SUM_LOSS_TYPES
 
 
@@ -241,6 +242,35 @@ def completions_table(columns: dict[str, list], unique_prompts: bool = False) ->
             seen.add(str(prompt))
             keep.append(i)
     return {name: [values[i] for i in keep] for name, values in columns.items()}
+
+
+def batch_completions_table(
+    prompts: list,
+    completions: list,
+    rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    extra_columns: dict[str, list],
+    unique_prompts: bool = False,
+    gather_object: Callable[[list], list] = lambda x: x,
+) -> dict[str, list]:
+    """The completions table of one generation batch, over all processes: `prompt`, `completion` (its text), `reward`,
+    the reward functions' `log_extra` columns (one may replace `reward`) and `advantage` last, as in TRL; with
+    `unique_prompts`, one row per prompt (see `completions_table`).
+
+    Args:
+        prompts, completions: this process's N prompts and completions (as reward functions receive them).
+        rewards, advantages: `(M,)` over all processes (`grpo_rewards.aggregate_rewards`).
+        extra_columns: column → M values, over all processes (`RewardLogHooks.pop`).
+        gather_object: concatenates a list over processes (`accelerate.utils.gather_object`).
+    """
+    table = {
+        "prompt": gather_object(prompts),
+        "completion": gather_object([completion_text(c) for c in completions]),
+        "reward": rewards.tolist(),
+        **extra_columns,
+        "advantage": advantages.tolist(),
+    }
+    return completions_table(table, unique_prompts)
 
 
 def print_completions_table(table: dict[str, list], step: int, max_rows: int | None = None) -> None:

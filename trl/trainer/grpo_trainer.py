@@ -12,6 +12,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -43,11 +44,10 @@ from ..models.utils import (
 )
 from ..reference.ref_checkpoint import SyncReferenceAtResume
 from ..reference.reference_model import ReferenceModel
-from ..rewards._utils import completion_text
 from ..scoring.grpo_scoring import cast_lm_head_to_fp32, router_aux_loss_settings, score_completions
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
 from .entropy_control import EntropyCoefficient
-from .grpo_checkpoint import add_missing_callback_states, load_generation_buffer, save_generation_buffer
+from .grpo_checkpoint import GenerationBuffer, add_missing_callback_states
 from .grpo_config import GRPOConfig
 from .grpo_inputs import (
     RepeatSampler,
@@ -58,8 +58,6 @@ from .grpo_inputs import (
     micro_steps_done,
     reward_columns,
     sampling_rng,
-    shuffle_and_split,
-    shuffle_seed,
     single_process_loading,
     stop_token_ids,
     tokenize_prompts,
@@ -74,10 +72,9 @@ from .grpo_losses import (
     per_token_policy_loss,
 )
 from .grpo_metrics import (
-    completions_table,
+    batch_completions_table,
     generation_batch_metrics,
     loss_metrics,
-    policy_loss_metric,
     print_completions_table,
     window_mean,
 )
@@ -221,8 +218,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self.temperature = self.generation_config.temperature  # log-probs use the sampling temperature
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._last_completions: dict[str, list] = {}
-        self._buffered_inputs: list[dict[str, Any]] | None = None
-        self._step: int | None = None
+        # the training generation batch as micro-batches, and the micro-step (TRL's `_buffered_inputs` and `_step`)
+        self.generation_buffer = GenerationBuffer(args.steps_per_generation, args.num_iterations)
         self._eval_batches = 0  # eval generation batches so far in this evaluation (seeds their sampling)
         self._step_time = 0.0  # seconds spent in training_step since the last optimizer step
 
@@ -300,7 +297,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             return self._get_dataloader(stream, "Evaluation", self.args.eval_batch_size)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
-        self._step, self._buffered_inputs = None, None
+        self.generation_buffer.reset()
         checkpoint = (
             get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
         )
@@ -308,11 +305,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         if checkpoint:
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
-            accelerator = self.accelerator
-            saved = load_generation_buffer(
-                checkpoint, accelerator.process_index, accelerator.device, accelerator.num_processes
-            )
-            self._step, self._buffered_inputs = saved or (None, None)
+            self.generation_buffer.load(checkpoint, self.accelerator)
             if self.reward_model_refresh is not None:
                 self.reward_model_refresh.load(checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
@@ -324,9 +317,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         add_missing_callback_states(self.state.stateful_callbacks, self.callback_handler.callbacks)
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        if self._buffered_inputs is not None and self._step % (self.args.steps_per_generation * self.num_iterations):
-            rank, world = self.accelerator.process_index, self.accelerator.num_processes
-            save_generation_buffer(folder, rank, self._step, self._buffered_inputs, world)
+        self.generation_buffer.save(folder, self.accelerator)
         if self.reward_model_refresh is not None:
             self.reward_model_refresh.save(folder, self.args.should_save)
         if self.sync_callback is not None:
@@ -356,24 +347,21 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         """Return the micro-batch to train on: generate for a new generation batch, else slice the buffered one."""
         if not self.model.training:
             return self._generate_and_score_completions(generation_batch)
-        if self._step is None:  # fresh start or resume: micro-steps already done
-            self._step = self._micro_steps_done()
-        steps_per_generation = self.args.steps_per_generation
-        if self._step % (steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
+        buffer = self.generation_buffer
+        if buffer.step is None:  # fresh start or resume: micro-steps already done
+            buffer.step = self._micro_steps_done()
+        if buffer.needs_batch():
             batch = self._generate_and_score_completions(generation_batch)
-            seed = shuffle_seed(self.args.seed, self._step, self.accelerator.process_index)
-            self._buffered_inputs = shuffle_and_split(batch, steps_per_generation, seed)
-        index = self._step % steps_per_generation
-        inputs = self.reference.with_current_version(self._buffered_inputs[index], self._ref_per_token_logps)
-        self._buffered_inputs[index] = inputs
-        self._step += 1
-        return inputs
+            buffer.fill(batch, self.args.seed, self.accelerator.process_index)
+        # a micro-batch buffered before a reference sync is scored again under the synced reference
+        return buffer.next_micro_batch(partial(self.reference.with_current_version, score=self._ref_per_token_logps))
 
     def _sampling_rng(self, mode: str):
         """Seed this generation batch's sampling from where training is (see `grpo_inputs.sampling_rng`): the
         micro-step in training, (optimizer step, batch index within the evaluation) in evaluation."""
         if mode == "train":
-            position = [self._step if self._step is not None else self._micro_steps_done()]
+            step = self.generation_buffer.step
+            position = [step if step is not None else self._micro_steps_done()]
         else:
             position, self._eval_batches = [self.state.global_step, self._eval_batches], self._eval_batches + 1
         process, device = self.accelerator.process_index, self.accelerator.device
@@ -520,14 +508,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         for key, value in batch:  # (name, value) pairs: a `log_metric` name may repeat a built-in one
             metrics[key].append(value)
         if args.log_completions and mode == "train":  # printed at training logs: never an eval batch
-            table = {  # a `log_extra` column may replace `reward`; `advantage` always comes last
-                "prompt": gather_object(prompts),
-                "completion": gather_object([completion_text(c) for c in completions]),
-                "reward": scored.rewards.tolist(),
-                **extra_columns,
-                "advantage": scored.advantages.tolist(),
-            }
-            table = completions_table(table, args.log_unique_prompts)
+            columns = (prompts, completions, scored.rewards, scored.advantages, extra_columns)
+            table = batch_completions_table(*columns, args.log_unique_prompts, gather_object)
             self._last_completions = table if self.accelerator.is_main_process else {}
         return output
 
@@ -653,17 +635,11 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         )
         if self.entropy_control.enabled:  # entropy bonus over the tokens the policy loss acts on
             # the current accumulation window's size (set by Trainer's loop; the configured one before any training)
-            training = mode == "train"
             steps = getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
-            metrics["policy_loss"].append(
-                policy_loss_metric(loss, self.loss_type, training=training, accumulation_steps=steps, gather=gather)
+            bonus_mask = mask if entropy_mask is None else entropy_mask
+            loss = self.entropy_control.add_logged_bonus(
+                loss, entropies, bonus_mask, metrics, self.loss_type, mode == "train", steps, self.accelerator
             )
-            bonus_mask, end_of_step = mask if entropy_mask is None else entropy_mask, self.accelerator.sync_gradients
-            loss, coef = self.entropy_control.add_bonus(
-                loss, entropies, bonus_mask, training=training, end_of_step=end_of_step, reduce=self.accelerator.reduce
-            )
-            if coef is not None:  # the coefficient of optimizer steps: never an eval metric
-                metrics["entropy_coef"].append(coef)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss
             metrics["aux_loss"].append(gather(aux_loss.detach()).mean().item())

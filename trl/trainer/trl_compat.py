@@ -1,8 +1,8 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """What subclasses written for TRL 1.16's `GRPOTrainer` read and override, beyond the steps of the trainer itself:
 `compute_loss` → `_compute_loss`, the entropy and off-policy masks, the reward-logging hooks, the entropy coefficient,
-the config-valued attributes, and a check that no override of a TRL method this trainer never calls is silently
-ignored."""
+the generation batch and its micro-step (`_buffered_inputs`, `_step`), the config-valued attributes, and a check that
+no override of a TRL method this trainer never calls is silently ignored."""
 
 import os
 from functools import partial
@@ -70,8 +70,8 @@ def _config_attribute(name: str, field: str) -> property:
 class TRLTrainerSurface:
     """Mixin of [`GRPOTrainer`]: TRL 1.16's methods and attributes with the same names, arguments and returns, each
     one called by the trainer's own steps (so a subclass's override takes effect). Needs `self.args`,
-    `self.accelerator`, `self.entropy_control`, `self._reward_hooks` and `self.reference`, and `_compute_loss` from the
-    trainer."""
+    `self.accelerator`, `self.entropy_control`, `self.generation_buffer`, `self._reward_hooks` and `self.reference`, and
+    `_compute_loss` from the trainer."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """GRPO loss of one micro-batch (see `_compute_loss`).
@@ -126,6 +126,26 @@ class TRLTrainerSurface:
         """The reference model (TRL 1.16's attribute), read-only: `self.reference.model`, `None` for a PEFT policy
         (its reference is an adapter or the base model) or with `beta=0.0`."""
         return self.reference.model
+
+    # ---- TRL 1.16's attributes for the generation batch (the state lives in `self.generation_buffer`) ----
+
+    @property
+    def _step(self) -> int | None:
+        """The micro-step reached in training (`GenerationBuffer.step`); `None` before training starts."""
+        return self.generation_buffer.step
+
+    @_step.setter
+    def _step(self, value: int | None) -> None:
+        self.generation_buffer.step = value
+
+    @property
+    def _buffered_inputs(self) -> list[dict] | None:
+        """The micro-batches of the generation batch being trained on (`GenerationBuffer.inputs`)."""
+        return self.generation_buffer.inputs
+
+    @_buffered_inputs.setter
+    def _buffered_inputs(self, value: list[dict] | None) -> None:
+        self.generation_buffer.inputs = value
 
     # ---- TRL 1.16's attributes for the entropy bonus (the state lives in `self.entropy_control`) ----
 
