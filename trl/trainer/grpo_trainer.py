@@ -55,7 +55,9 @@ from ..reference.ref_checkpoint import (
 from ..reference.ref_offload import OffloadedReference
 from ..reference.ref_sync import make_reference, non_persistent_buffer_names
 from ..rewards._utils import completion_text
-from ..scoring.grpo_scoring import cast_lm_head_to_fp32, router_aux_loss_settings, score_completions
+from ..scoring.grpo_scoring import score_completions
+from ..scoring.lm_head import cast_lm_head_to_fp32
+from ..scoring.router_loss import router_aux_loss_settings
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
 from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import add_missing_callback_states, load_generation_buffer, save_generation_buffer
