@@ -12,12 +12,12 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import AutoModelForCausalLM
 
-from trl.scoring import grpo_scoring
+from trl.scoring import grouped_kv_attention, scoring_plan
 from trl.scoring.chunked_logprobs import head_logprobs
-from trl.scoring.grpo_scoring import (
+from trl.scoring.grpo_scoring import score_completions
+from trl.scoring.lm_head import (
     cast_lm_head_to_fp32,
     chunked_logprobs_blocker,
-    score_completions,
     sparse_tied_embedding_grad,
     tied_input_embedding,
 )
@@ -234,8 +234,8 @@ def test_chunked_logprobs_runs_plain_for_logit_transforms_and_adapted_heads(tiny
     model.config.final_logit_softcapping = 30.0
     assert chunked_logprobs_blocker(model) == "final_logit_softcapping=30.0 in the model config"
     ids, mask = batch(model.config.vocab_size)
-    grpo_scoring._LOGGED_BLOCKERS.clear()
-    with caplog.at_level(logging.INFO, logger="trl.scoring.grpo_scoring"):
+    scoring_plan._LOGGED_BLOCKERS.clear()
+    with caplog.at_level(logging.INFO, logger="trl.scoring.scoring_plan"):
         scores = score_completions(model, ids, mask, 6, 1.0, chunked_logprobs=True)
     assert "chunked_logprobs: some log-prob passes run plain (final_logit_softcapping=30.0" in caplog.text
     model.config.final_logit_softcapping = None
@@ -327,8 +327,8 @@ def test_a_prompt_pass_whose_cache_is_dropped_costs_no_gradient(tiny_lm_path, mo
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
     ids, mask = batch(model.config.vocab_size)
     plain, plain_grads = scores_and_grads(model, ids, mask)
-    real = grpo_scoring.shared_prefix_cache
-    monkeypatch.setattr(grpo_scoring, "shared_prefix_cache", lambda *a: real(*a) and None)
+    real = scoring_plan.shared_prefix_cache
+    monkeypatch.setattr(scoring_plan, "shared_prefix_cache", lambda *a: real(*a) and None)
     kwargs = dict(chunked_logprobs=True, sparse_embedding_grad=True, share_prefix=True, min_prefix_tokens=4)
     scores, grads = scores_and_grads(model, ids, mask, **kwargs)
     torch.testing.assert_close(scores.per_token_logps, plain.per_token_logps, rtol=1e-5, atol=1e-5)
@@ -377,30 +377,30 @@ def test_grouped_kv_attention_is_bitwise_the_copied_heads(tiny_lm_path, share_pr
     assert copies == [2] * 2 * layers  # keys and values, every layer of every forward
     copies.clear()
     grouped, grouped_grads = scores_and_grads(model, ids, mask, grouped_kv_attention=True, **kwargs)
-    assert copies == [] and not grpo_scoring._GROUPED_KV.get()  # only inside the pass
+    assert copies == [] and not grouped_kv_attention._GROUPED_KV.get()  # only inside the pass
     assert torch.equal(grouped.per_token_logps, copied.per_token_logps)
     assert torch.equal(grouped.entropies, copied.entropies)
     # two query heads per key/value head: the kernel's sum of their key/value gradients is one exact addition
     assert all(torch.equal(grouped_grads[n], g) for n, g in copied_grads.items())
 
-    assert grpo_scoring.grouped_kv_sdpa_applies(model)
+    assert grouped_kv_attention.grouped_kv_sdpa_applies(model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    assert not grpo_scoring.grouped_kv_sdpa_applies(model)  # the recomputation would run outside the block
+    assert not grouped_kv_attention.grouped_kv_sdpa_applies(model)  # the recomputation would run outside the block
     with torch.no_grad():
-        assert grpo_scoring.grouped_kv_sdpa_applies(model)
+        assert grouped_kv_attention.grouped_kv_sdpa_applies(model)
     model.gradient_checkpointing_disable()
-    assert grpo_scoring.grouped_kv_sdpa_applies(model)
+    assert grouped_kv_attention.grouped_kv_sdpa_applies(model)
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     model.model.layers[0] = checkpoint_wrapper(model.model.layers[0])  # torch's wrapper (accelerate's FSDP option)
-    assert not grpo_scoring.grouped_kv_sdpa_applies(model)
+    assert not grouped_kv_attention.grouped_kv_sdpa_applies(model)
     seen = []
-    with grpo_scoring.grouped_kv_sdpa():  # this thread only
-        thread = threading.Thread(target=lambda: seen.append(grpo_scoring._GROUPED_KV.get()))
+    with grouped_kv_attention.grouped_kv_sdpa():  # this thread only
+        thread = threading.Thread(target=lambda: seen.append(grouped_kv_attention._GROUPED_KV.get()))
         thread.start()
         thread.join()
-        seen.append(grpo_scoring._GROUPED_KV.get())
+        seen.append(grouped_kv_attention._GROUPED_KV.get())
     assert seen == [False, True]
     assert sdpa_attention.use_gqa_in_sdpa is switch  # transformers' own function, back after every block
 
@@ -418,8 +418,8 @@ def test_grouped_kv_sdpa_wraps_the_switch_found_on_entry_and_puts_it_back(monkey
 
     monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", theirs)
     seen = []
-    with grpo_scoring.grouped_kv_sdpa():
-        with grpo_scoring.grouped_kv_sdpa():
+    with grouped_kv_attention.grouped_kv_sdpa():
+        with grouped_kv_attention.grouped_kv_sdpa():
             seen.append(sdpa_attention.use_gqa_in_sdpa(None, None))
         assert sdpa_attention.use_gqa_in_sdpa is not theirs  # the outer block is still open
         thread = threading.Thread(target=lambda: seen.append(sdpa_attention.use_gqa_in_sdpa(None, None)))
@@ -427,4 +427,4 @@ def test_grouped_kv_sdpa_wraps_the_switch_found_on_entry_and_puts_it_back(monkey
         thread.join()
     assert seen == [True, False] and asked == [2]
     assert sdpa_attention.use_gqa_in_sdpa is theirs
-    assert grpo_scoring._GQA_INSTALLED == {"blocks": 0, "entry": None}
+    assert grouped_kv_attention._GQA_INSTALLED == {"blocks": 0, "entry": None}

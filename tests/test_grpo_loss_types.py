@@ -10,7 +10,7 @@ import torch
 from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM, TrainerState
 
 from trl import GRPOConfig, GRPOTrainer
-from trl.scoring.grpo_scoring import router_aux_loss_settings
+from trl.scoring.router_loss import router_aux_loss_settings
 from trl.trainer.entropy_control import EntropyCoefficient
 
 

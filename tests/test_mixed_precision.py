@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.generation import grpo_generation
-from trl.scoring import grpo_scoring
+from trl.scoring import lm_head, scoring_plan
 from trl.tasks import make_arithmetic_dataset
 from trl.tasks.arithmetic import SUM_QUESTION
 
@@ -40,8 +40,8 @@ CASES = {
 # default run, none in the plain runs
 SPIED = {
     "generation prompt cache": (grpo_generation, "shared_prefix_cache"),
-    "scoring prompt cache or packed rows": (grpo_scoring, "pack_completions"),
-    "block-wise log-probs": (grpo_scoring, "head_logprobs"),
+    "scoring prompt cache or packed rows": (scoring_plan, "pack_completions"),
+    "block-wise log-probs": (lm_head, "head_logprobs"),
 }
 
 

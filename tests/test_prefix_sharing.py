@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trl import GRPOConfig, GRPOTrainer
-from trl.scoring import grpo_scoring
+from trl.scoring import grpo_scoring, scoring_plan
 from trl.scoring.grpo_scoring import score_completions
 from trl.scoring.prefix_sharing import (
     PACKABLE_MODEL_TYPES,
@@ -196,8 +196,8 @@ def test_reentrant_checkpointing_falls_back_to_plain_passes(model):
     ids, mask, length = _batch(model.config.vocab_size)
     shapes = _record_forward_shapes(model)
     # logged once per process, with why the inline rows (which need no cache) were not used either
-    grpo_scoring._LOGGED_BLOCKERS.clear()
-    with patch.object(grpo_scoring.logger, "info") as info:
+    scoring_plan._LOGGED_BLOCKERS.clear()
+    with patch.object(scoring_plan.logger, "info") as info:
         score_completions(model, ids, mask, length, 1.0, share_prefix=True)
         score_completions(model, ids, mask, length, 1.0, share_prefix=True)
     assert shapes == [tuple(ids.shape)] * 2
@@ -225,8 +225,8 @@ def test_a_pass_that_cannot_use_the_cache_still_shares_in_inline_rows(model):
         assert grad.abs().max() > 0, name
         torch.testing.assert_close(inline[2][name], grad, atol=1e-5 * float(grad.abs().max()), rtol=1e-4)
     shapes.clear()
-    grpo_scoring._LOGGED_BLOCKERS.clear()
-    with patch.object(grpo_scoring.logger, "info") as info:
+    scoring_plan._LOGGED_BLOCKERS.clear()
+    with patch.object(scoring_plan.logger, "info") as info:
         _score_and_grads(model, ids, mask, length, share=True, packed="cache")
     assert shapes == [tuple(ids.shape)]
     plain_because = "shared_prefix: some log-prob passes run plain (reentrant gradient checkpointing; no rows "
@@ -235,7 +235,7 @@ def test_a_pass_that_cannot_use_the_cache_still_shares_in_inline_rows(model):
     model.config.attention_dropout = 0.1
     assert scoring_sharing_blocker(model, one_pass=True) == "dropout in a pass with gradients"
     shapes.clear()
-    with patch.object(grpo_scoring.logger, "info") as info:
+    with patch.object(scoring_plan.logger, "info") as info:
         _score_and_grads(model, ids, mask, length, share=True, packed=True)
     assert shapes == [tuple(ids.shape)]
     # the cache's reason is the inline rows' too: said once
@@ -256,8 +256,8 @@ def test_a_pass_without_cache_or_inline_rows_says_why(model, hole, reason):
     mask[hole] = 0
     model.gradient_checkpointing_enable({"use_reentrant": True})
     shapes = _record_forward_shapes(model)
-    grpo_scoring._LOGGED_BLOCKERS.clear()
-    with patch.object(grpo_scoring.logger, "info") as info:
+    scoring_plan._LOGGED_BLOCKERS.clear()
+    with patch.object(scoring_plan.logger, "info") as info:
         _score_and_grads(model, ids, mask, length, share=True, packed=True)
     assert shapes == [tuple(ids.shape)]
     info.assert_called_once_with(
@@ -349,10 +349,8 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
     """Two optimizer steps with TRL's default gradient checkpointing: the same loss, entropy and gradient norm at each
     step (Adam's first step is lr·sign(g), so equal parameters alone would not show equal gradients), the same
     parameters."""
-    from trl.scoring import grpo_scoring
-
     shared_passes = []  # (gradients on, rows) of every pass that shared its prompts: in a cache, or inline
-    make_cache, pack = grpo_scoring.shared_prefix_cache, grpo_scoring.pack_completions
+    make_cache, pack = scoring_plan.shared_prefix_cache, scoring_plan.pack_completions
 
     def counting(model, ids, *args):
         cache = make_cache(model, ids, *args)
@@ -366,8 +364,8 @@ def test_training_with_and_without_sharing_agrees(tiny_lm_path, _arithmetic_data
             shared_passes.append((torch.is_grad_enabled(), ids.size(0)))
         return plan
 
-    monkeypatch.setattr(grpo_scoring, "shared_prefix_cache", counting)
-    monkeypatch.setattr(grpo_scoring, "pack_completions", counting_inline)
+    monkeypatch.setattr(scoring_plan, "shared_prefix_cache", counting)
+    monkeypatch.setattr(scoring_plan, "pack_completions", counting_inline)
     params, logged = {}, {}
     for share in (False, True):
         kwargs = {**grpo_kwargs, "gradient_checkpointing": True, "max_steps": 2, "shared_prefix": share}
@@ -483,8 +481,8 @@ def test_shared_scoring_is_exact_for_every_rope_type(rope_type, prompt_length, c
     mask = torch.ones_like(ids)
     mask[:3, :2] = 0  # a left-padded prompt
     blocked = rope_type in LENGTH_SCALED and completion_length == 14
-    grpo_scoring._LOGGED_BLOCKERS.clear()
-    with torch.no_grad(), patch.object(grpo_scoring.logger, "info") as info:
+    scoring_plan._LOGGED_BLOCKERS.clear()
+    with torch.no_grad(), patch.object(scoring_plan.logger, "info") as info:
         plain = score_completions(model, ids, mask, completion_length, 1.0).per_token_logps
         shapes = _record_forward_shapes(model)
         kwargs = dict(share_prefix=True, packed=packed)
@@ -779,9 +777,9 @@ def test_other_models_and_attention_kernels_score_padded(model):
     ids, mask, length = _batch(model.config.vocab_size, lengths=(5, 1, 2, 5, 3, 2, 5, 1))
     model.config.model_type = "qwen2_custom"  # as a remote-code model's own type would be
     assert packing_blocker(model) == "model type 'qwen2_custom', whose handling of a 4-D mask is not tested"
-    grpo_scoring._LOGGED_BLOCKERS.clear()
+    scoring_plan._LOGGED_BLOCKERS.clear()
     shapes = _record_forward_shapes(model)
-    with torch.no_grad(), patch.object(grpo_scoring.logger, "info") as info:
+    with torch.no_grad(), patch.object(scoring_plan.logger, "info") as info:
         for _ in range(2):
             score_completions(model, ids, mask, length, 1.0, share_prefix=True, packed=True)
     assert shapes[1] == shapes[3] == (ids.size(0), length + 1)

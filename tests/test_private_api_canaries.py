@@ -32,7 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 # The trl modules that rely on the APIs below (paths from the repository root).
 WEIGHT_GRADS = "trl/scoring/weight_grads.py"
 PREFIX_SHARING = "trl/scoring/prefix_sharing.py"
-GRPO_SCORING = "trl/scoring/grpo_scoring.py"
+GROUPED_KV_ATTENTION = "trl/scoring/grouped_kv_attention.py"
+SCORING_PLAN = "trl/scoring/scoring_plan.py"
+LM_HEAD = "trl/scoring/lm_head.py"
 ACTIVATION_RECOMPUTE = "trl/scoring/activation_recompute.py"
 GRPO_GENERATION = "trl/generation/grpo_generation.py"
 CPU_DECODING = "trl/generation/cpu_decoding.py"
@@ -74,10 +76,10 @@ CANARIES = [
         "layer._can_checkpoint_with_cache = True",
     ),
     ("GradientCheckpointingLayer._gradient_checkpointing_func", PREFIX_SHARING, '"_gradient_checkpointing_func"'),
-    ("transformers.integrations.sdpa_attention.use_gqa_in_sdpa", GRPO_SCORING, "sdpa_attention.use_gqa_in_sdpa ="),
+    ("transformers.integrations.sdpa_attention.use_gqa_in_sdpa", GROUPED_KV_ATTENTION, "sdpa_attention.use_gqa_in_sdpa ="),
     ("PretrainedConfig._attn_implementation", PREFIX_SHARING, "_attn_implementation"),
     ("PretrainedConfig._name_or_path", MODELS_UTILS, "config._name_or_path"),
-    ("a boolean logits_to_keep (slice_logits_to_keep)", GRPO_SCORING, "_takes_boolean_logits_to_keep"),
+    ("a boolean logits_to_keep (slice_logits_to_keep)", SCORING_PLAN, "_takes_boolean_logits_to_keep"),
     ("Trainer._set_signature_columns_if_needed", GRPO_TRAINER, "def _set_signature_columns_if_needed(self)"),
     ("Trainer._get_dataloader", GRPO_TRAINER, "self._get_dataloader("),
     ("Trainer._get_train_sampler", GRPO_TRAINER, "def _get_train_sampler(self, train_dataset=None)"),
@@ -89,7 +91,7 @@ CANARIES = [
     ("Trainer._load_callback_state", GRPO_TRAINER, "super()._load_callback_state()"),
     ("TrainingArguments._VALID_DICT_FIELDS", GRPO_CONFIG, "TrainingArguments._VALID_DICT_FIELDS +"),
     ("TrainingArguments.gradient_checkpointing alias", GRPO_CONFIG, "gradient_checkpointing: bool = field("),
-    ("accelerate's module._hf_hook", GRPO_SCORING, '"_hf_hook"'),
+    ("accelerate's module._hf_hook", LM_HEAD, '"_hf_hook"'),
     ("accelerate's launch_command_parser()._actions", SCRIPTS_GRPO, "launch_command_parser()._actions"),
     ("DeepSpeed ZeRO-3 parameter attributes (ds_id, ds_tensor, ds_shape, ...)", LAYOUTS, "tensor.ds_tensor"),
     ("DeepSpeed ZeRO-3 parameter ds_status/ds_persist/partition()", REF_SYNC, 'ds_status.name == "AVAILABLE"'),
@@ -590,7 +592,7 @@ def test_gradient_checkpointing_keeps_the_cache_only_with_can_checkpoint_with_ca
 
 
 def test_use_gqa_in_sdpa_is_looked_up_by_sdpa_attention_forward_at_every_call(lm, monkeypatch):
-    api, module = "transformers.integrations.sdpa_attention.use_gqa_in_sdpa", GRPO_SCORING
+    api, module = "transformers.integrations.sdpa_attention.use_gqa_in_sdpa", GROUPED_KV_ATTENTION
     from transformers.integrations import sdpa_attention
 
     original = require(sdpa_attention, "use_gqa_in_sdpa", api, module)
@@ -652,7 +654,7 @@ def test_config_name_or_path_is_where_the_model_was_loaded_from(lm_path):
 
 
 def test_boolean_logits_to_keep_gives_the_kept_positions_flattened_in_row_order(lm):
-    api, module = "a boolean logits_to_keep (slice_logits_to_keep)", GRPO_SCORING
+    api, module = "a boolean logits_to_keep (slice_logits_to_keep)", SCORING_PLAN
     ids, mask = _prompts(lm.config.vocab_size)
     keep = torch.zeros_like(ids, dtype=torch.bool)
     keep[0, [1, 4]] = keep[2, [0, 2, 5]] = True
@@ -857,7 +859,7 @@ def test_training_arguments_gradient_checkpointing_alias_turns_activation_checkp
 
 
 def test_accelerate_hook_sets_hf_hook_and_an_instance_forward():
-    module = f"{GRPO_SCORING} (and {CPU_DECODING}, which skips layers with an instance forward)"
+    module = f"{LM_HEAD} (and {CPU_DECODING}, which skips layers with an instance forward)"
     from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
 
     layer = nn.Linear(2, 2)

@@ -44,7 +44,7 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     from datasets import Dataset
 
     from trl import GRPOConfig, GRPOTrainer
-    from trl.scoring import grpo_scoring
+    from trl.scoring import grpo_scoring, scoring_plan
     from trl.trainer import grpo_trainer
 
     extra = {}
@@ -84,9 +84,9 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
     )  # gradient checkpointing as GRPOConfig defaults it (TRL: on), so the cache is kept in checkpointed layers
 
     shared = {"with_gradients": 0, "without_gradients": 0}
-    make_cache, score = grpo_scoring.shared_prefix_cache, grpo_trainer.score_completions
-    pack, packed, inline, plans = grpo_scoring.pack_completions, [0], [0], []
-    packed_mask, plain_logs, log_info = grpo_scoring.packed_attention_mask, [], grpo_scoring.logger.info
+    make_cache, score = scoring_plan.shared_prefix_cache, grpo_trainer.score_completions
+    pack, packed, inline, plans = scoring_plan.pack_completions, [0], [0], []
+    packed_mask, plain_logs, log_info = scoring_plan.packed_attention_mask, [], scoring_plan.logger.info
 
     def counting_packs(*a, **k):  # passes with at least one row that holds two completions
         plan = pack(*a, **k)
@@ -120,12 +120,12 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         logps.append(scores.per_token_logps.detach().float().tolist())
         return scores
 
-    grpo_scoring.shared_prefix_cache = counting_cache
+    scoring_plan.shared_prefix_cache = counting_cache
     grpo_trainer.score_completions = recording_score
-    grpo_scoring.pack_completions = counting_packs
-    grpo_scoring.packed_attention_mask = counting_masks
-    grpo_scoring.logger.info = recording_info
-    grpo_scoring._LOGGED_BLOCKERS.clear()
+    scoring_plan.pack_completions = counting_packs
+    scoring_plan.packed_attention_mask = counting_masks
+    scoring_plan.logger.info = recording_info
+    scoring_plan._LOGGED_BLOCKERS.clear()
     try:
         trainer = GRPOTrainer(
             model=model_dir,
@@ -136,11 +136,11 @@ def train(model_dir: str, out_dir: str, mode: str, share: bool) -> dict:
         prompt_tokens = len(trainer.processing_class(prompts[0], add_special_tokens=False)["input_ids"])
         trainer.train()
     finally:
-        grpo_scoring.shared_prefix_cache = make_cache
+        scoring_plan.shared_prefix_cache = make_cache
         grpo_trainer.score_completions = score
-        grpo_scoring.pack_completions = pack
-        grpo_scoring.packed_attention_mask = packed_mask
-        grpo_scoring.logger.info = log_info
+        scoring_plan.pack_completions = pack
+        scoring_plan.packed_attention_mask = packed_mask
+        scoring_plan.logger.info = log_info
     history = [log for log in trainer.state.log_history if "grad_norm" in log]
     return {
         "steps": [{k: log[k] for k in ("loss", "entropy", "grad_norm")} for log in history],

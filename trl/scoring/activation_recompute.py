@@ -286,7 +286,7 @@ def recomputed_activations(model: nn.Module):
     module that already has a `forward` attribute of someone else's (an offload hook's) is left as it is. Outside
     the block's thread and for a module the module docstring excludes, the wrapper calls the class's forward.
     Gradient checkpointing that reruns a layer outside the block would see other saved tensors: the caller leaves it
-    out then (`grpo_scoring.recomputes_in_backward`)."""
+    out then (`grouped_kv_attention.recomputes_in_backward`)."""
     scoped = []
     with _SCOPE_LOCK:
         for module in model.modules():

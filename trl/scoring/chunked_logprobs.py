@@ -1,7 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Per-token log-probs and entropies straight from the LM head's input, a block of positions at a time, so that the
 `(positions × vocabulary)` float32 logits, their softmax and their gradient never exist whole, forward or backward.
-Pure tensors in and out; `grpo_scoring` decides when a forward pass uses it."""
+Pure tensors in and out; `scoring_plan` decides when a forward pass uses it, and `lm_head.LogprobReader` calls it."""
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -30,7 +30,7 @@ def head_logprobs(
     block, which is kept when `keep_block`).
 
     The logits are what the LM head computes: the product in `head_dtype` (what the head's forward used: autocast's
-    dtype when autocast was on around it, float32 for a head kept in float32 by `grpo_scoring.cast_lm_head_to_fp32`,
+    dtype when autocast was on around it, float32 for a head kept in float32 by `lm_head.cast_lm_head_to_fp32`,
     else the weight's dtype), then cast to float32 and divided by the temperature, as
     `grpo_losses.selective_log_softmax` does. The results and gradients equal that path's up to float rounding (the
     blocks' products may round differently, and the weight's gradient is summed over blocks in float32); the memory

@@ -6,7 +6,7 @@ PyTorch's autograd adds a sparse gradient (an embedding lookup's rows) to a dens
 head's) out of place: a new `(V, H)` tensor per lookup, and on a CPU each such tensor is also fresh pages from the
 kernel (113 MB for SmolLM2-135M, two lookups per training pass with shared-prefix scoring). `TiedGradSink` lets the
 block-wise LM head of `chunked_logprobs` and the lookups of one pass add into one tensor in place and hand autograd
-the sum once; `grpo_scoring.sparse_tied_embedding_grad` installs the lookups."""
+the sum once; `lm_head.sparse_tied_embedding_grad` installs the lookups."""
 
 from contextlib import contextmanager
 

@@ -44,7 +44,9 @@ from ..models.utils import (
 )
 from ..reference.ref_checkpoint import SyncReferenceAtResume
 from ..reference.reference_model import ReferenceModel
-from ..scoring.grpo_scoring import cast_lm_head_to_fp32, router_aux_loss_settings, score_completions
+from ..scoring.grpo_scoring import score_completions
+from ..scoring.lm_head import cast_lm_head_to_fp32
+from ..scoring.router_loss import router_aux_loss_settings
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
 from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import GenerationBuffer, add_missing_callback_states

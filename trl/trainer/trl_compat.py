@@ -9,7 +9,6 @@ from functools import partial
 
 import torch
 
-from ..scoring.grpo_scoring import gather_valid_entropies
 from .grpo_config import GRPOConfig
 from .grpo_losses import high_entropy_mask, off_policy_sequence_mask
 
@@ -65,6 +64,15 @@ def _config_attribute(name: str, field: str) -> property:
         )
 
     return property(get, set_, doc=f"`args.{field}` (read-only; TRL 1.16 keeps a copy on the trainer).")
+
+
+def gather_valid_entropies(accelerator, values: torch.Tensor) -> torch.Tensor:
+    """Concatenate every process's 1-D tensor of (non-negative) entropies; their lengths may differ.
+
+    Each is padded to the longest with −1 before the gather, and the pads are dropped after it.
+    """
+    gathered = accelerator.gather(accelerator.pad_across_processes(values, dim=0, pad_index=-1.0))
+    return gathered[gathered >= 0]
 
 
 class TRLTrainerSurface:
