@@ -377,7 +377,7 @@ def test_grouped_kv_attention_is_bitwise_the_copied_heads(tiny_lm_path, share_pr
     assert copies == [2] * 2 * layers  # keys and values, every layer of every forward
     copies.clear()
     grouped, grouped_grads = scores_and_grads(model, ids, mask, grouped_kv_attention=True, **kwargs)
-    assert copies == [] and not grouped_kv_attention._GROUPED_KV.get()  # only inside the pass
+    assert copies == [] and not grouped_kv_attention.GQA_SWITCH.active()  # only inside the pass
     assert torch.equal(grouped.per_token_logps, copied.per_token_logps)
     assert torch.equal(grouped.entropies, copied.entropies)
     # two query heads per key/value head: the kernel's sum of their key/value gradients is one exact addition
@@ -397,10 +397,10 @@ def test_grouped_kv_attention_is_bitwise_the_copied_heads(tiny_lm_path, share_pr
     assert not grouped_kv_attention.grouped_kv_sdpa_applies(model)
     seen = []
     with grouped_kv_attention.grouped_kv_sdpa():  # this thread only
-        thread = threading.Thread(target=lambda: seen.append(grouped_kv_attention._GROUPED_KV.get()))
+        thread = threading.Thread(target=lambda: seen.append(grouped_kv_attention.GQA_SWITCH.active()))
         thread.start()
         thread.join()
-        seen.append(grouped_kv_attention._GROUPED_KV.get())
+        seen.append(grouped_kv_attention.GQA_SWITCH.active())
     assert seen == [False, True]
     assert sdpa_attention.use_gqa_in_sdpa is switch  # transformers' own function, back after every block
 
@@ -427,4 +427,4 @@ def test_grouped_kv_sdpa_wraps_the_switch_found_on_entry_and_puts_it_back(monkey
         thread.join()
     assert seen == [True, False] and asked == [2]
     assert sdpa_attention.use_gqa_in_sdpa is theirs
-    assert grouped_kv_attention._GQA_INSTALLED == {"blocks": 0, "entry": None}
+    assert grouped_kv_attention.GQA_SWITCH.entry is None

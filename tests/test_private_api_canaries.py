@@ -60,7 +60,11 @@ CANARIES = [
     ("FSDPModule._get_fsdp_state", MODELS_UTILS, "._get_fsdp_state()"),
     ("FSDPState._lazy_init/_auto_reshard_after_forward/_fsdp_param_groups", MODELS_UTILS, "_FSDP2_STATE_ATTRIBUTES"),
     ("torch.compile's OptimizedModule._orig_mod", GRPO_GENERATION, '"_orig_mod"'),
-    ("torch.multinomial as transformers' generate calls it", CPU_DECODING, "torch.multinomial = _multinomial"),
+    (
+        "torch.multinomial as transformers' generate calls it",
+        CPU_DECODING,
+        'ScopedPatch(lambda: torch, "multinomial", _multinomial)',
+    ),
     (
         "GenerationMixin._prepare_generation_config",
         GRPO_GENERATION,
@@ -76,7 +80,11 @@ CANARIES = [
         "layer._can_checkpoint_with_cache = True",
     ),
     ("GradientCheckpointingLayer._gradient_checkpointing_func", PREFIX_SHARING, '"_gradient_checkpointing_func"'),
-    ("transformers.integrations.sdpa_attention.use_gqa_in_sdpa", GROUPED_KV_ATTENTION, "sdpa_attention.use_gqa_in_sdpa ="),
+    (
+        "transformers.integrations.sdpa_attention.use_gqa_in_sdpa",
+        GROUPED_KV_ATTENTION,
+        'ScopedPatch(_sdpa_attention, "use_gqa_in_sdpa"',
+    ),
     ("PretrainedConfig._attn_implementation", PREFIX_SHARING, "_attn_implementation"),
     ("PretrainedConfig._name_or_path", MODELS_UTILS, "config._name_or_path"),
     ("a boolean logits_to_keep (slice_logits_to_keep)", SCORING_PLAN, "_takes_boolean_logits_to_keep"),

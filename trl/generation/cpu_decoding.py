@@ -4,15 +4,14 @@ small-batch products (the same logits to the bit: only where MKL's packed produc
 one uniform draw per row to pick each token by its cumulative
 probability (the same distribution as `torch.multinomial`). `grpo_generation.sample_completions` applies both."""
 
-import contextvars
 import functools
-import threading
 from contextlib import contextmanager
 
 import torch
 from accelerate.utils import extract_model_from_parallel
 from torch import nn
 
+from ..models.scoped_patch import ScopedPatch
 from ..reference.layouts import PLAIN, tensor_layout
 
 
@@ -102,10 +101,6 @@ def _packed_forward(layer: nn.Linear, packed: torch.Tensor, rows: int, x: torch.
     return torch.ops.mkl._mkl_linear(x, packed, layer.weight, layer.bias, rows)
 
 
-# Set inside `inverse_cdf_sampling`, per context (each thread starts unset).
-_INVERSE_CDF = contextvars.ContextVar("inverse_cdf_sampling", default=False)
-
-
 def inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One index per row of the `(N, V)` non-negative weights `probs`, drawn with probability `probs[i, j] /
     probs[i].sum()`: a uniform number u in [0, 1) per row picks the first j whose cumulative weight (summed in
@@ -123,19 +118,12 @@ def _draw_from_cumulative(cumulative: torch.Tensor, generator: torch.Generator |
     return torch.searchsorted(cumulative, threshold, right=True)
 
 
-# While any `inverse_cdf_sampling` block is open (all threads together): how many are, and the `torch.multinomial`
-# that the outermost one found on entry (torch's own, or another library's patch), which `_multinomial` calls for
-# every draw it does not make itself and which the last block to close puts back.
-_INSTALLED = {"blocks": 0, "entry": None}
-_INSTALL_LOCK = threading.Lock()
-
-
 def _multinomial(input, num_samples, replacement=False, *, generator=None, out=None):
     """`torch.multinomial` while an `inverse_cdf_sampling` block is open somewhere: the block's own thread draws its
     one-sample calls on CPU probability rows with `inverse_cdf_draw`; every other call goes to the `torch.multinomial`
     that was installed when the outermost block opened."""
     if (
-        _INVERSE_CDF.get()
+        MULTINOMIAL.active()
         and num_samples == 1
         and out is None
         and input.dim() == 2
@@ -149,7 +137,13 @@ def _multinomial(input, num_samples, replacement=False, *, generator=None, out=N
         if bool((total > 0).all() & torch.isfinite(total).all()):  # an inf weight makes its row's total inf
             return _draw_from_cumulative(cumulative, generator)
     # anything else, including weights torch.multinomial rejects (with its own error)
-    return _INSTALLED["entry"](input, num_samples, replacement, generator=generator, out=out)
+    return MULTINOMIAL.entry(input, num_samples, replacement, generator=generator, out=out)
+
+
+# `torch.multinomial` as `_multinomial` while an `inverse_cdf_sampling` block is open; every draw `_multinomial` does
+# not make itself goes to the function installed when the outermost block opened (torch's own, or another
+# library's patch)
+MULTINOMIAL = ScopedPatch(lambda: torch, "multinomial", _multinomial)
 
 
 @contextmanager
@@ -161,18 +155,5 @@ def inverse_cdf_sampling():
     `torch.multinomial`'s. `torch.multinomial` is replaced while any such block is open: the outermost block records
     the function installed on entry (torch's, or another library's patch), every other thread and call gets that
     function, and the last block to close puts that same object back."""
-    with _INSTALL_LOCK:
-        if not _INSTALLED["blocks"]:
-            _INSTALLED["entry"] = torch.multinomial
-            torch.multinomial = _multinomial
-        _INSTALLED["blocks"] += 1
-    token = _INVERSE_CDF.set(True)
-    try:
+    with MULTINOMIAL.block():
         yield
-    finally:
-        _INVERSE_CDF.reset(token)
-        with _INSTALL_LOCK:
-            _INSTALLED["blocks"] -= 1
-            if not _INSTALLED["blocks"]:
-                torch.multinomial = _INSTALLED["entry"]
-                _INSTALLED["entry"] = None

@@ -3,18 +3,13 @@
 transformers' `use_gqa_in_sdpa` while a block is open), and when a scoring pass may be wrapped in such a block:
 never where a layer reruns its forward in the backward, outside the block (`recomputes_in_backward`)."""
 
-import contextvars
-import threading
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
+from ..models.scoped_patch import ScopedPatch
 from .prefix_sharing import checkpointed_modules
-
-
-# Set inside `grouped_kv_sdpa`, per context (other threads start from their own, unset, before free-threaded 3.14).
-_GROUPED_KV = contextvars.ContextVar("grouped_kv_sdpa", default=False)
 
 
 def grouped_kv_sdpa_applies(model: nn.Module) -> bool:
@@ -35,18 +30,22 @@ def recomputes_in_backward(model: nn.Module) -> bool:
     return wrapped or bool(checkpointed_modules(model))
 
 
-# While any `grouped_kv_sdpa` block is open (all threads together): how many are, and the `use_gqa_in_sdpa` that the
-# outermost one found in transformers' `integrations.sdpa_attention` on entry (None: this transformers has none, and
-# the blocks change nothing), which the wrapper asks outside a block and the last block to close puts back.
-_GQA_INSTALLED = {"blocks": 0, "entry": None}
-_GQA_LOCK = threading.Lock()
-
-
 def _use_gqa_in_sdpa(*args, **kwargs):
     """transformers' `use_gqa_in_sdpa` (the check that `sdpa_attention_forward` makes at every call, by its
     module-level name) while a `grouped_kv_sdpa` block is open somewhere: `True` in the block's own thread, the
     function found on entry everywhere else."""
-    return _GROUPED_KV.get() or _GQA_INSTALLED["entry"](*args, **kwargs)
+    return GQA_SWITCH.active() or GQA_SWITCH.entry(*args, **kwargs)
+
+
+def _sdpa_attention():
+    from transformers.integrations import sdpa_attention
+
+    return sdpa_attention
+
+
+# transformers' own switch, answered by `_use_gqa_in_sdpa` while a `grouped_kv_sdpa` block is open (a transformers
+# without the switch is left alone: the blocks change nothing)
+GQA_SWITCH = ScopedPatch(_sdpa_attention, "use_gqa_in_sdpa", _use_gqa_in_sdpa)
 
 
 @contextmanager
@@ -63,23 +62,5 @@ def grouped_kv_sdpa():
     models without grouped heads are not affected. The switch is wrapped only while such a block is open: the
     outermost one records the `use_gqa_in_sdpa` installed on entry, other threads get its answers, and the last
     block to close puts that same object back."""
-    from transformers.integrations import sdpa_attention
-
-    with _GQA_LOCK:
-        if not _GQA_INSTALLED["blocks"]:
-            entry = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
-            _GQA_INSTALLED["entry"] = entry
-            if entry is not None:
-                sdpa_attention.use_gqa_in_sdpa = _use_gqa_in_sdpa
-        _GQA_INSTALLED["blocks"] += 1
-    token = _GROUPED_KV.set(True)
-    try:
+    with GQA_SWITCH.block():
         yield
-    finally:
-        _GROUPED_KV.reset(token)
-        with _GQA_LOCK:
-            _GQA_INSTALLED["blocks"] -= 1
-            if not _GQA_INSTALLED["blocks"]:
-                if _GQA_INSTALLED["entry"] is not None:
-                    sdpa_attention.use_gqa_in_sdpa = _GQA_INSTALLED["entry"]
-                _GQA_INSTALLED["entry"] = None
