@@ -57,7 +57,7 @@ ZERO3 = {
     "gradient_clipping": "auto",
 }
 # What every run shares: a tiny, float32, CPU run of one prompt × 4 completions per process and optimizer step. The
-# performance settings (generation implementation, shared-prefix and packed scoring, chunked log-probs, gradient
+# performance settings (`shared_prefix` generation and scoring, `inverse_cdf_sampling`, `chunked_logprobs`, gradient
 # checkpointing ...) are not set: their defaults are what is fingerprinted.
 BASE = dict(
     use_cpu=True,
