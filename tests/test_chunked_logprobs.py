@@ -427,4 +427,4 @@ def test_grouped_kv_sdpa_wraps_the_switch_found_on_entry_and_puts_it_back(monkey
         thread.join()
     assert seen == [True, False] and asked == [2]
     assert sdpa_attention.use_gqa_in_sdpa is theirs
-    assert grouped_kv_attention.GQA_SWITCH.entry is None
+    assert not grouped_kv_attention.GQA_SWITCH.active()

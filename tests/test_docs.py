@@ -52,7 +52,7 @@ def autodoc_targets() -> list[tuple[str, str, list[str]]]:
 
 
 def resolve(target: str):
-    """`GRPOConfig`, `trl.GRPOConfig` or `trainer.ref_sync.sync_reference_model` → the object, relative to `trl`."""
+    """`GRPOConfig`, `trl.GRPOConfig` or `reference.ref_sync.sync_reference_model` → the object, relative to `trl`."""
     obj, module_path = trl, "trl"
     for part in target.removeprefix("trl.").split("."):
         if not hasattr(obj, part) and isinstance(obj, type(trl)):

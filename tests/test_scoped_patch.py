@@ -30,7 +30,9 @@ def test_installed_inside_and_the_entry_object_put_back():
         with patch.block():  # nested: still installed, and still so after the inner block closes
             assert owner.function is replacement
         assert owner.function is replacement and patch.active()
-    assert owner.function is original and patch.entry is None and not patch.active()
+        kept = owner.function  # a reference taken inside a block
+    assert owner.function is original and not patch.active()
+    assert kept(4) == ("original", 4)  # still reaches the entry once the blocks are closed
 
 
 def test_another_thread_gets_the_entry_while_a_block_is_open():
@@ -55,6 +57,18 @@ def test_a_patch_installed_by_someone_else_before_the_block_is_what_comes_back()
     owner.function = theirs
     with patch.block():
         assert patch.entry is theirs
+    assert owner.function is theirs
+
+
+def test_a_patch_installed_by_someone_else_inside_the_block_stays():
+    owner = types.SimpleNamespace(function=original)
+    patch, _ = make(owner)
+
+    def theirs(x):
+        return ("theirs", x)
+
+    with patch.block():
+        owner.function = theirs  # e.g. a library imported during the block
     assert owner.function is theirs
 
 

@@ -59,6 +59,8 @@ class MallInfo2(ctypes.Structure):  # glibc's mallinfo2(): hblks counts the bloc
 # (32 MiB); `trl.models.cpu_memory.retain_freed_memory` turns that off for good (M_MMAP_MAX = 0).
 def glibc_maps_big_blocks():
     libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):  # not glibc, or glibc before 2.33: nothing to observe
+        return None
     libc.mallinfo2.restype = MallInfo2
     mapped = libc.mallinfo2().hblks
     block = torch.empty(40 * 2**20, dtype=torch.uint8)
@@ -97,4 +99,6 @@ def test_a_training_step_changes_no_library_function_or_class():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     verdict = json.loads(done.stdout.strip().splitlines()[-1])
-    assert verdict == {"changed": [], "theirs_installed": True, "steps": 1, "glibc_maps_big_blocks": True}
+    # glibc's defaults still map a big block of its own (None where mallinfo2 does not exist to tell)
+    assert verdict.pop("glibc_maps_big_blocks") is not False
+    assert verdict == {"changed": [], "theirs_installed": True, "steps": 1}

@@ -199,6 +199,9 @@ def test_config_attributes_and_entropy_coefficient(tiny_lm_path, arithmetic_data
             assert getattr(trainer, name) == getattr(args, field)
     with pytest.raises(AttributeError, match=re.escape("set `args.epsilon` (GRPOConfig)")):
         trainer.epsilon_low = 0.1
+    with pytest.raises(AttributeError, match=re.escape("set `args.beta` (0.0: no reference model)")):
+        trainer.ref_model = None
+    assert trainer.ref_model is trainer.reference.model
     # the two TRL derives: epsilon_high falls back to epsilon, chat_template_kwargs to {}
     defaults = GRPOTrainer(
         tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset

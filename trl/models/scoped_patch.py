@@ -12,9 +12,11 @@ class ScopedPatch:
     """`owner.<name>` replaced by `replacement` while any `block()` is open, in any thread.
 
     The outermost block records the object installed on entry (`entry`) and installs `replacement`; the last block to
-    close puts that same object back. `active()` says whether the calling context is inside a block: the replacement
-    serves its own threads and hands every other call to `entry`. An owner without the attribute is left alone (the
-    blocks then change nothing, and `entry` stays `None`).
+    close puts that same object back, unless someone else replaced the attribute meanwhile (then theirs stays).
+    `active()` says whether the calling context is inside a block: the replacement serves its own threads and hands
+    every other call to `entry`, which is kept after the blocks close, so that a reference to the replacement taken
+    while a block was open (or a call racing the close in another thread) still reaches it. An owner without the
+    attribute is left alone (the blocks then change nothing, and `entry` stays `None`).
 
     Args:
         owner (`Callable[[], object]`): returns the module or object that holds the function (called when the
@@ -25,7 +27,7 @@ class ScopedPatch:
 
     def __init__(self, owner: Callable[[], object], name: str, replacement: Callable):
         self.owner, self.name, self.replacement = owner, name, replacement
-        self.entry = None  # the object installed when the outermost open block opened
+        self.entry = None  # the object installed when the last outermost block opened
         self._blocks = 0
         self._lock = threading.Lock()
         self._inside = contextvars.ContextVar(f"{name}_patched", default=False)
@@ -50,7 +52,6 @@ class ScopedPatch:
             self._inside.reset(token)
             with self._lock:
                 self._blocks -= 1
-                if not self._blocks:
-                    if self.entry is not None:
-                        setattr(self.owner(), self.name, self.entry)
-                    self.entry = None
+                owner = self.owner()
+                if not self._blocks and self.entry is not None and getattr(owner, self.name, None) is self.replacement:
+                    setattr(owner, self.name, self.entry)

@@ -135,6 +135,14 @@ class TRLTrainerSurface:
         (its reference is an adapter or the base model) or with `beta=0.0`."""
         return self.reference.model
 
+    @ref_model.setter
+    def ref_model(self, value):
+        raise AttributeError(
+            "`ref_model` is built from the trainer's config and synced with the policy by `SyncRefModelCallback`, "
+            "which a model set here would bypass: set `args.beta` (0.0: no reference model) and `args.sync_ref_model` "
+            "before building the trainer, or override `_ref_per_token_logps` to score with another model."
+        )
+
     # ---- TRL 1.16's attributes for the generation batch (the state lives in `self.generation_buffer`) ----
 
     @property
