@@ -23,10 +23,12 @@ import torch  # noqa: E402
 from _smoke import parse_args_with_smoke  # noqa: E402
 from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: E402
 
-from trl.generation.grpo_generation import sample_completions  # noqa: E402
+from trl.generation.grpo_generation import (
+    GENERATION_IMPLEMENTATIONS,  # noqa: E402
+    sample_completions,  # noqa: E402
+)
 from trl.models.tiny import build_tiny_causal_lm  # noqa: E402
 from trl.tasks import arithmetic_corpus  # noqa: E402
-from trl.trainer.grpo_config import GENERATION_IMPLEMENTATIONS  # noqa: E402
 
 
 SMOKE = dict(prompt_lengths="5,16", prompts=1, num_generations=2, max_completion_length=4, repeats=1)

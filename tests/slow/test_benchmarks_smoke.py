@@ -30,6 +30,9 @@ SCRIPTS = sorted(
     if not os.path.basename(path).startswith("_")
 )
 TIMEOUT = 600  # seconds per script; the slowest (reproduce_real_model.py) takes ~1 min on 2 busy cores
+# gloo's teardown has been seen to abort a process of a 2-process launch after its work was done and written (about 1
+# run in 70, tests/test_distributed.py); a script that fails with it is run once more
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 def tables(stdout: str) -> list[tuple[list[str], list[list[str]]]]:
@@ -359,6 +362,8 @@ def test_benchmark_smoke(script, tmp_path, request):
     command = [sys.executable, os.path.join(ROOT, "benchmarks", script), "--smoke", *arguments(tmp_path, values)]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    if done.returncode != 0 and GLOO_TEARDOWN_ABORT in done.stderr:  # once: says nothing about the code under test
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     seconds = time.perf_counter() - start
     assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-8000:]}"
     print(f"{script} --smoke: {seconds:.0f} s")
