@@ -357,3 +357,16 @@ def test_vllm_fields_are_accepted_while_vllm_is_off(base):
 def test_chat_template_kwargs_from_a_json_string(base):  # as the command line passes it
     args = GRPOConfig(**base, chat_template_kwargs='{"enable_thinking": false}')
     assert args.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_a_removed_performance_field_names_its_replacement(grpo_kwargs):
+    from trl.trainer.grpo_config import REMOVED_FIELDS
+
+    assert not REMOVED_FIELDS.keys() & {f.name for f in dataclasses.fields(GRPOConfig)}
+    with pytest.raises(TypeError) as error:
+        GRPOConfig(**grpo_kwargs, shared_prefix_scoring=False, retain_freed_cpu_memory=True)
+    assert str(error.value) == (
+        "GRPOConfig no longer has retain_freed_cpu_memory, shared_prefix_scoring: use retain_freed_cpu_memory -> the "
+        "environment variable TRL_RETAIN_FREED_CPU_MEMORY=1; shared_prefix_scoring -> shared_prefix."
+    )
+    assert GRPOConfig(**grpo_kwargs, shared_prefix=False).shared_prefix is False

@@ -1,6 +1,7 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """`GRPOConfig`: every knob of GRPO and of iterative GRPO (reference-model syncing), validated in one place."""
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,18 @@ SCALE_REWARDS = ("group", "batch", "none")
 SYNC_STRATEGIES = ("steps", "epoch")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 REWARD_MODEL_LOSS_TYPES = ("pointwise", "pairwise")
+
+
+# Performance fields of earlier releases of this package, and what replaced each (docs: "Performance fields").
+REMOVED_FIELDS = {
+    "generation_implementation": 'shared_prefix (True for "shared_prefix", False for "generate")',
+    "shared_prefix_scoring": "shared_prefix",
+    "packed_completion_scoring": "nothing: packed rows are part of shared_prefix=True",
+    "packed_generation_weights": "nothing: always on where the packed product gives the plain one's bits",
+    "grouped_kv_attention": "nothing: always on where it applies (the same log-probs to the bit)",
+    "sparse_embedding_grad": "nothing: always on where it applies (set chunked_logprobs=False to route around it)",
+    "retain_freed_cpu_memory": "the environment variable TRL_RETAIN_FREED_CPU_MEMORY=1",
+}
 
 
 @dataclass
@@ -761,3 +774,19 @@ def unsupported_feature_errors(args: GRPOConfig) -> list[str]:
                 f"generated with transformers' `generate`): {fix}."
             )
     return errors
+
+
+def _refuse_removed_fields(init):
+    """`GRPOConfig.__init__` that names the replacement of a removed field instead of Python's bare `TypeError`."""
+
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        if removed := sorted(set(kwargs) & REMOVED_FIELDS.keys()):
+            replacements = "; ".join(f"{name} -> {REMOVED_FIELDS[name]}" for name in removed)
+            raise TypeError(f"GRPOConfig no longer has {', '.join(removed)}: use {replacements}.")
+        init(self, *args, **kwargs)
+
+    return checked
+
+
+GRPOConfig.__init__ = _refuse_removed_fields(GRPOConfig.__init__)
