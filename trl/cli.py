@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from .scripts.utils import TRACEBACK_FLAG, wants_traceback
+from .scripts.utils import TRACEBACK_FLAG
 
 
 COMMANDS = ("grpo", "convert-gguf", "env")
@@ -93,9 +93,8 @@ def env_report() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    show_traceback = wants_traceback(argv)
-    argv = [arg for arg in argv if arg != TRACEBACK_FLAG]
+    given = list(sys.argv[1:] if argv is None else argv)
+    argv = [arg for arg in given if arg != TRACEBACK_FLAG]  # `--traceback` may also stand before the command
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         asked = bool(argv) and argv[0] in ("-h", "--help")
         if argv and not asked:
@@ -110,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from .scripts.grpo import command
 
-    return command(argv[1:] + ([TRACEBACK_FLAG] if show_traceback else []))
+    given.remove(argv[0])  # the command's name; `command` reads `--traceback` wherever it stands
+    return command(given)
 
 
 if __name__ == "__main__":
