@@ -3,8 +3,10 @@
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
+import torch
 from transformers import TrainingArguments
 
 from trl import GRPOConfig
@@ -105,9 +107,9 @@ TRL_1_16_DEFAULTS = {
 # Ours only: the generation path, the scoring paths, the opt-in prompt cut, the per-epoch sync strategy, the reference's
 # offload and Algorithm 1's reward-model refresh.
 OUR_ONLY_DEFAULTS = {
-    "shared_prefix": True,
-    "inverse_cdf_sampling": True,
-    "chunked_logprobs": True,
+    "shared_prefix": None,
+    "inverse_cdf_sampling": None,
+    "chunked_logprobs": None,
     "recompute_elementwise_activations": False,
     "max_prompt_length": None,
     "ref_model_sync_strategy": "steps",
@@ -370,3 +372,40 @@ def test_a_removed_performance_field_names_its_replacement(grpo_kwargs):
         "environment variable TRL_RETAIN_FREED_CPU_MEMORY=1; shared_prefix_scoring -> shared_prefix."
     )
     assert GRPOConfig(**grpo_kwargs, shared_prefix=False).shared_prefix is False
+
+
+def _forced_device(monkeypatch, device_type: str) -> None:
+    """`GRPOConfig.device` reports `device_type` (after TrainingArguments' own device setup has run)."""
+    real = GRPOConfig.device.fget
+    monkeypatch.setattr(GRPOConfig, "device", property(lambda self: (real(self), torch.device(device_type))[1]))
+
+
+def _docs_defaults_table() -> dict[str, tuple[str, str]]:
+    """The docs' "Performance fields" table: row name → (default on the CPU, default on accelerators)."""
+    text = (Path(__file__).parents[1] / "docs/source/grpo_trainer.md").read_text()
+    table = text.split("### Performance fields", 1)[1].split("| field | acts on |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    return {cells[0].strip("| `"): (cells[2], cells[3]) for cells in rows}
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda", "xpu", "mps", "hpu"])
+def test_unverified_performance_paths_are_plain_off_the_cpu(base, monkeypatch, device_type):
+    from trl.trainer.device_defaults import TIED_ROW_GRADIENT_DEVICES, VERIFIED_DEVICES, tied_row_gradient
+
+    _forced_device(monkeypatch, device_type)
+    args = GRPOConfig(**{**base, "use_cpu": False}, bf16=False)
+    on_cpu = device_type == "cpu"
+    resolved = {name: getattr(args, name) for name in VERIFIED_DEVICES}
+    assert resolved == {"shared_prefix": on_cpu, "inverse_cdf_sampling": on_cpu, "chunked_logprobs": on_cpu}
+    assert (args.recompute_elementwise_activations, args.offload_ref_model) == (False, False)
+    assert tied_row_gradient(device_type) is on_cpu and TIED_ROW_GRADIENT_DEVICES == ("cpu",)
+    # what the user sets stays, on every device
+    forced = GRPOConfig(**{**base, "use_cpu": False}, bf16=False, shared_prefix=True, chunked_logprobs=False)
+    assert (forced.shared_prefix, forced.chunked_logprobs) == (True, False)
+    # the docs' per-device table says the same
+    column = 0 if on_cpu else 1
+    table = _docs_defaults_table()
+    for name in [*VERIFIED_DEVICES, "recompute_elementwise_activations", "offload_ref_model"]:
+        assert table[name][column].startswith(f"`{getattr(args, name)}`"), name
+    tied_row = next(cells for row, cells in table.items() if "tied input embedding's row gradient" in row)
+    assert tied_row[column].startswith("on" if tied_row_gradient(device_type) else "off")

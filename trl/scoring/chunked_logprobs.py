@@ -97,7 +97,7 @@ class _HeadLogProbs(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an output the loss does not use gets no gradient work
         ctx.sink = sink if ctx.needs_input_grad[1] else None  # the weight's gradient goes through the sink
         if ctx.sink is not None:
-            sink.register()
+            sink.register(weight)
         n = hidden.size(0)
         head_weight = weight.to(head_dtype)  # once for all blocks (a no-op in the weight's own dtype)
         head_bias = None if bias is None else bias.to(head_dtype)
@@ -166,10 +166,11 @@ class _HeadLogProbs(torch.autograd.Function):
                 grad_bias += grad.float().sum(0)
         if need_weight and grad_weight is None:  # no position: no block ran
             grad_weight = torch.zeros_like(weight, dtype=torch.float32)
-        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
         grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        if ctx.sink is not None:  # the tied embedding's rows are added to it before autograd gets the sum
+        if ctx.sink is not None:  # the tied embedding's rows are added to the float32 sum, which is cast once
             if grad_weight is not None:
                 ctx.sink.add_dense(grad_weight)
             grad_weight = ctx.sink.done()
+        elif need_weight:
+            grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None

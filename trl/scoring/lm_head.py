@@ -195,10 +195,10 @@ class LogprobReader:
         """`(log-probs, entropies or None)` of `targets` `(rows, W)` from a pass that kept W + 1 positions, or with
         `source` `(M,)`, of `targets` `(1, M)` predicted by those flat positions of a packed pass."""
         if self.head is None:
-            logits = _kept(outputs.logits, source)
-            if self.temperature != 1.0:  # x / 1.0 == x: no (N, L, V) copy for nothing
-                logits = logits / self.temperature
-            out = selective_log_softmax(logits, targets, 2**28, self.compute_entropy, self.entropy_grad)
+            logits = _kept(outputs.logits, source)  # divided by the temperature in float32, as on every path
+            out = selective_log_softmax(
+                logits, targets, 2**28, self.compute_entropy, self.entropy_grad, temperature=self.temperature
+            )
             return out if self.compute_entropy else (out, None)
         if not self.captured:  # the head's input at the W + 1 kept positions; the last one predicts nothing
             raise RuntimeError(

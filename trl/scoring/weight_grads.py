@@ -24,7 +24,8 @@ class TiedGradSink:
     (`add_dense`), each embedding lookup adds its rows in place (`add_rows`, `index_add_`), and the use whose backward
     runs last returns the total (`done`); the others return `None`. Autograd then receives one dense gradient for the
     weight instead of a dense one and a sparse one per lookup, which it would add out of place (a new `(V, H)`
-    tensor per lookup). If a registered use's backward does not run in a backward pass that ran another's (so the
+    tensor per lookup). The sum is kept in float32 and cast to the weight's dtype once, in `done`: a bf16 weight's
+    gradient is rounded once, not once per addition (each lookup row added to a bf16 sum would round again). If a registered use's backward does not run in a backward pass that ran another's (so the
     total would never be returned), that backward ends with a `RuntimeError` instead of losing the gradient. The
     count starts over in every backward pass (autograd's graph task), also after one that failed half-way.
     """
@@ -32,11 +33,14 @@ class TiedGradSink:
     def __init__(self):
         self.registered = 0  # uses recorded in the forward (only those that need the weight's gradient)
         self.pending = 0  # uses whose backward has not run yet in the current backward pass
-        self.grad = None
+        self.grad = None  # the float32 `(V, H)` sum of the current backward pass
+        self.dtype = None  # the shared weight's dtype, which `done` hands autograd
         self.task = None  # the backward pass (graph task id) the count belongs to
 
-    def register(self) -> None:
+    def register(self, weight: torch.Tensor) -> None:
+        """A use of `weight` (the shared `(V, H)` weight) in the forward that needs its gradient."""
         self.registered += 1
+        self.dtype = weight.dtype
 
     def _begin(self) -> None:
         task = torch._C._current_graph_task_id()
@@ -53,18 +57,21 @@ class TiedGradSink:
             )
 
     def add_dense(self, grad: torch.Tensor) -> None:
+        """Add a dense `(V, H)` gradient (float32 for exact sums; another dtype is upcast)."""
         self._begin()
+        grad = grad.float()
         self.grad = grad if self.grad is None else self.grad.add_(grad)
 
     def add_rows(self, ids: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor) -> None:
+        """Add `rows` `(M, H)` into the rows `ids` `(M,)` of the sum (a lookup's gradient), in float32."""
         self._begin()
         if self.grad is None:
-            self.grad = torch.zeros_like(weight)
-        self.grad.index_add_(0, ids, rows.to(self.grad.dtype))
+            self.grad = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        self.grad.index_add_(0, ids, rows.float())
 
     def done(self) -> torch.Tensor | None:
-        """Called once by every use's backward (after its `add_*`, if it had a gradient to add): the total for the
-        last one, `None` for the others."""
+        """Called once by every use's backward (after its `add_*`, if it had a gradient to add): the total in the
+        weight's dtype for the last one, `None` for the others."""
         self._begin()
         self.pending -= 1
         if self.pending < 0:
@@ -72,7 +79,7 @@ class TiedGradSink:
         if self.pending:
             return None
         grad, self.grad = self.grad, None
-        return grad
+        return None if grad is None else grad.to(self.dtype)
 
 
 class _TiedLookup(torch.autograd.Function):
@@ -87,7 +94,7 @@ class _TiedLookup(torch.autograd.Function):
             sink = ctx.sink = None
         ctx.weight = weight if sink is not None else None  # the sink allocates the sum like the weight
         if sink is not None:
-            sink.register()
+            sink.register(weight)
         return F.embedding(ids, weight, padding_idx)
 
     @staticmethod
@@ -98,8 +105,13 @@ class _TiedLookup(torch.autograd.Function):
         if ctx.padding_idx is not None:  # the padding row gets no gradient, as in nn.Embedding
             keep = ids != ctx.padding_idx
             ids, rows = ids[keep], rows[keep]
-        if ctx.sink is None:
-            sparse = torch.sparse_coo_tensor(ids.unsqueeze(0), rows, ctx.weight_shape, check_invariants=False)
+        if ctx.sink is None:  # each looked-up row once, its repeats summed in float32 and rounded once
+            unique, position = ids.unique(return_inverse=True)
+            summed = rows.new_zeros((unique.numel(), rows.size(1)), dtype=torch.float32)
+            summed.index_add_(0, position, rows.float())
+            sparse = torch.sparse_coo_tensor(
+                unique.unsqueeze(0), summed.to(rows.dtype), ctx.weight_shape, is_coalesced=True, check_invariants=False
+            )
             return None, sparse, None, None
         ctx.sink.add_rows(ids, rows, ctx.weight)
         return None, ctx.sink.done(), None, None

@@ -8,6 +8,7 @@ from typing import Any
 from transformers import TrainingArguments
 from transformers.utils import logging
 
+from .device_defaults import resolve_device_defaults
 from .grpo_losses import LOSS_TYPES
 
 
@@ -27,7 +28,7 @@ REMOVED_FIELDS = {
     "packed_completion_scoring": "nothing: packed rows are part of shared_prefix=True",
     "packed_generation_weights": "nothing: always on where the packed product gives the plain one's bits",
     "grouped_kv_attention": "nothing: always on where it applies (the same log-probs to the bit)",
-    "sparse_embedding_grad": "nothing: always on where it applies (set chunked_logprobs=False to route around it)",
+    "sparse_embedding_grad": "nothing: on where it applies in CPU runs, off on accelerators",
     "retain_freed_cpu_memory": "the environment variable TRL_RETAIN_FREED_CPU_MEMORY=1",
 }
 
@@ -256,15 +257,19 @@ class GRPOConfig(TrainingArguments):
         Not in TRL 1.16. Each one computes what TRL computes (the same values up to float rounding, or the same bits;
         `inverse_cdf_sampling` the same distribution), so they change time and memory, not the training. The
         measurements are in the docs' "Speed and memory" section; switch a path off to run TRL's computation.
+        Device-aware defaults: a field left `None` is resolved in `__post_init__` from `TrainingArguments.device`
+        (`trainer.device_defaults`): on for a CPU run, where the test suite and the benchmarks verified it, and off
+        (TRL's computation) on CUDA and other accelerators, where no run has checked it yet; set it to `True` to use
+        it there.
         Details that are always at least as good where they apply are not fields: MKL-packed weights in CPU decoding
         (only for the layers where the packed product gives the plain one's bits), grouped key/value heads in CPU
-        attention (the same log-probs to the bit) and a tied embedding's row gradient (the dense gradient up to the
-        order of float additions). glibc's malloc tuning
+        attention (the same log-probs to the bit) and, in CPU runs, a tied embedding's row gradient (the dense
+        gradient up to the order of float additions, summed in float32). glibc's malloc tuning
         for CPU runs is process-wide, so it is no field either: set `TRL_RETAIN_FREED_CPU_MEMORY=1` to apply it
         when training starts (`trl.models.cpu_memory`).
 
-        shared_prefix (`bool`, *optional*, defaults to `True`):
-            Compute each distinct prompt once (GRPO repeats it `num_generations` times), on every device: in
+        shared_prefix (`bool` or `None`, *optional*, defaults to `None`):
+            `None`: `True` for a CPU run, `False` on CUDA and other accelerators (see above). Compute each distinct prompt once (GRPO repeats it `num_generations` times), on every device: in
             generation, prefill each distinct prompt once and copy its KV cache to its rows before `generate`; in the
             log-prob passes (reference, old policy, training forward and backward), run the distinct prompts once
             and every row's completion on that read-only cache, or packed end to end after its prompt, gradients
@@ -275,14 +280,14 @@ class GRPOConfig(TrainingArguments):
             (prompts under 17 tokens, beam search, PEFT prompt learning, sliding-window caches, the MoE router
             loss's pass, ...); see "Generation paths" and "Shared-prefix scoring" in the docs. `False` runs plain
             `generate` on the repeated prompts and one plain pass, as TRL does.
-        inverse_cdf_sampling (`bool`, *optional*, defaults to `True`):
-            CPU `generate` only: draw each token with one uniform number per row against the float64 cumulative
+        inverse_cdf_sampling (`bool` or `None`, *optional*, defaults to `None`):
+            `None`: `True` for a CPU run, `False` elsewhere. CPU `generate` only: draw each token with one uniform number per row against the float64 cumulative
             probabilities instead of `torch.multinomial`'s exponential number per vocabulary entry (~1 ms instead of
             15 ms a decode step at a 49k vocabulary): the same distribution, other tokens than TRL's for a seed, so
             `False` restores TRL's draws. `torch.multinomial` is replaced only inside a CPU generation and put back
             on exit.
-        chunked_logprobs (`bool`, *optional*, defaults to `True`):
-            Compute the per-token log-probs and entropies from the LM head's input a block of positions at a time
+        chunked_logprobs (`bool` or `None`, *optional*, defaults to `None`):
+            `None`: `True` for a CPU run, `False` on CUDA and other accelerators (see above). Compute the per-token log-probs and entropies from the LM head's input a block of positions at a time
             (at most 64 MiB of float32 logits each), recomputing each block's logits in the backward, so that the
             `(completions × completion tokens × vocabulary)` float32 logits, their softmax and their gradient never
             exist whole, on every device. On SmolLM2-135M at 256 completion tokens the reference pass's peak fell
@@ -497,16 +502,25 @@ class GRPOConfig(TrainingArguments):
     )
 
     # Performance (not in TRL 1.16)
-    shared_prefix: bool = field(
-        default=True,
-        metadata={"help": "Compute each distinct prompt once, in generation and in the log-prob passes."},
+    shared_prefix: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Compute each distinct prompt once, in generation and in the log-prob passes. None: on for CPU "
+            "runs, off on accelerators (not yet verified there)."
+        },
     )
-    inverse_cdf_sampling: bool = field(
-        default=True, metadata={"help": "CPU generate: draw tokens by inverse CDF (same distribution, other draws)."}
+    inverse_cdf_sampling: bool | None = field(
+        default=None,
+        metadata={
+            "help": "CPU generate: draw tokens by inverse CDF (same distribution, other draws). None: on for CPU runs."
+        },
     )
-    chunked_logprobs: bool = field(
-        default=True,
-        metadata={"help": "Compute log-probs and entropies from the LM head's input in blocks of positions."},
+    chunked_logprobs: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Compute log-probs and entropies from the LM head's input in blocks of positions. None: on for "
+            "CPU runs, off on accelerators (not yet verified there)."
+        },
     )
     recompute_elementwise_activations: bool = field(
         default=False,
@@ -590,6 +604,7 @@ class GRPOConfig(TrainingArguments):
             self.pad_to_multiple_of = None if value in ("none", "null") else int(value)
         if self.pad_to_multiple_of == "auto":  # Neuron compiles once per shape: bound the number of shapes
             self.pad_to_multiple_of = 128 if self.device.type == "neuron" else None
+        resolve_device_defaults(self, self.device.type)  # unverified performance paths stay off on accelerators
 
         errors = []
         if self.num_generations < 2:

@@ -154,16 +154,22 @@ def selective_log_softmax(
     max_chunk_bytes: int = 2**28,
     return_entropy: bool = False,
     entropy_grad: bool = True,
+    temperature: float = 1.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """log softmax(logits)[index] per position, computed in float32, in row chunks of at most `max_chunk_bytes` of
-    float32 logits (one batched kernel for small batches, bounded memory for large vocabularies).
+    """log softmax(logits / temperature)[index] per position, computed in float32, in row chunks of at most
+    `max_chunk_bytes` of float32 logits (one batched kernel for small batches, bounded memory for large vocabularies).
+
+    The logits are cast to float32 before the division by the temperature, as the sampler divides them in
+    `generate` and as `scoring.chunked_logprobs` does: one rounding rule on every path (dividing bf16 logits in bf16
+    would round them a second time).
 
     Args:
-        logits: `(N, L, V)` float tensor (any float dtype), already divided by the sampling temperature.
+        logits: `(N, L, V)` float tensor (any float dtype), not yet divided by the temperature.
         index: `(N, L)` int tensor of token ids.
         max_chunk_bytes: memory budget of one chunk's float32 log-probs.
         return_entropy: also return the entropy −Σ_v p_v log p_v of each position's distribution (in nats).
         entropy_grad: whether the entropies carry a gradient (`False` saves an `(N, L, V)` float32 buffer).
+        temperature: the sampling temperature (> 0).
 
     Returns:
         `(N, L)` float32 log-probabilities, and with `return_entropy` a second `(N, L)` float32 tensor of entropies.
@@ -172,7 +178,10 @@ def selective_log_softmax(
     rows_per_chunk = max(1, max_chunk_bytes // row_bytes)
     out, entropies = [], []
     for start in range(0, logits.size(0), rows_per_chunk):
-        logp = torch.log_softmax(logits[start : start + rows_per_chunk].float(), dim=-1)
+        chunk = logits[start : start + rows_per_chunk].float()
+        if temperature != 1.0:  # x / 1.0 == x: no copy for nothing
+            chunk = chunk / temperature
+        logp = torch.log_softmax(chunk, dim=-1)
         out.append(logp.gather(-1, index[start : start + rows_per_chunk].unsqueeze(-1)).squeeze(-1))
         if return_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):

@@ -50,6 +50,7 @@ from ..scoring.router_loss import router_aux_loss_settings
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
 from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import GenerationBuffer, add_missing_callback_states
+from .device_defaults import tied_row_gradient
 from .grpo_config import GRPOConfig
 from .grpo_inputs import (
     RepeatSampler,
@@ -574,7 +575,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             compute_aux_loss=compute_aux_loss,
             entropy_grad=compute_entropy and (self.entropy_control.enabled or not own_loss),
             share_prefix=self.args.shared_prefix,
-            sparse_embedding_grad=True,  # the dense gradient up to the order of float additions
+            sparse_embedding_grad=tied_row_gradient(input_ids.device.type),  # CPU runs only: see device_defaults
             chunked_logprobs=self.args.chunked_logprobs,
             grouped_kv_attention=True,  # CPU only, the same log-probs to the bit
             recompute_elementwise_activations=self.args.recompute_elementwise_activations,
