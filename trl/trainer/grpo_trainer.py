@@ -48,9 +48,9 @@ from ..scoring.grpo_scoring import score_completions
 from ..scoring.lm_head import cast_lm_head_to_fp32
 from ..scoring.router_loss import router_aux_loss_settings
 from .callbacks import RewardModelRefreshCallback, SyncRefModelCallback
+from .device_defaults import tied_row_gradient
 from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import GenerationBuffer, add_missing_callback_states
-from .device_defaults import tied_row_gradient
 from .grpo_config import GRPOConfig
 from .grpo_inputs import (
     RepeatSampler,
