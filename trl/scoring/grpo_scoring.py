@@ -49,6 +49,7 @@ def score_completions(
     grouped_kv_attention: bool = False,
     recompute_elementwise_activations: bool = False,
     packed: bool | str = False,
+    training_layout: bool = False,
 ) -> Scores:
     """Log-probs (and optionally entropies) of the last `logits_to_keep` tokens of `input_ids` under `model`, with the
     logits divided by `temperature`, so they describe the distribution the completions were sampled from.
@@ -96,6 +97,10 @@ def score_completions(
             shared cache (`"cache"`), or rows that start with their prompt (`"inline"`, `scoring_plan.score_inline`);
             `"cache"` or `"inline"` forces one (`"auto"`: as `True`). Passes of a model that
             `prefix_sharing.packing_blocker` names a reason for run padded (logged once).
+        training_layout: lay the passes out as a pass with gradients would be, also without gradients (the ones that
+            rule out the shared cache with gradients: active dropout, checkpointing that drops the cache). The old
+            policy's log-probs use it, so that they come from the layout and arithmetic of the training pass over the
+            same rows: the same bits where the weights have not changed.
 
     Returns:
         `Scores`.
@@ -109,7 +114,15 @@ def score_completions(
     min_prefix = MIN_SHARED_PREFIX_TOKENS if min_prefix_tokens is None else min_prefix_tokens
     prompt_length = input_ids.size(1) - logits_to_keep
     plan = plan_scoring(
-        model, prompt_length, logits_to_keep, share_prefix, min_prefix, packed, chunked_logprobs, compute_aux_loss
+        model,
+        prompt_length,
+        logits_to_keep,
+        share_prefix,
+        min_prefix,
+        packed,
+        chunked_logprobs,
+        compute_aux_loss,
+        gradients=training_layout or torch.is_grad_enabled(),
     )
     head = extract_model_from_parallel(model).get_output_embeddings() if plan.chunked else None
     one_forward = batch_size >= input_ids.size(0)  # one forward (a kept head block) before the backward

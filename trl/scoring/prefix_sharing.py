@@ -531,9 +531,9 @@ def rope_sharing_blocker(model: nn.Module, prefix_length: int, length: int) -> s
     return None
 
 
-def scoring_sharing_blocker(model: nn.Module, one_pass: bool = False) -> str | None:
-    """Why the forwards of `model` cannot use a read-only `shared_prefix_cache` right now (gradients included), or
-    `None` when they can (a length-scaled RoPE is decided per pass from its lengths, `rope_sharing_blocker`). With
+def scoring_sharing_blocker(model: nn.Module, one_pass: bool = False, gradients: bool | None = None) -> str | None:
+    """Why the forwards of `model` cannot use a read-only `shared_prefix_cache` right now (`gradients`: whether the
+    pass has gradients or is laid out as if, `None`: `torch.is_grad_enabled()`), or `None` when they can (a length-scaled RoPE is decided per pass from its lengths, `rope_sharing_blocker`). With
     `one_pass`, only the reasons that also hold for one forward over rows that start with their prompt
     (`pack_completions`' inline layout: no cache, no prompt pass), i.e. dropout. Reasons:
     - DeepSpeed ZeRO-3 and FSDP2 (DTensor) parameters: each of the two forwards gathers every layer's weights,
@@ -550,7 +550,7 @@ def scoring_sharing_blocker(model: nn.Module, one_pass: bool = False) -> str | N
     """
     if not one_pass and parameter_layouts(model) - {PLAIN}:
         return "ZeRO-3/FSDP2 parameters"
-    if not torch.is_grad_enabled():
+    if not (torch.is_grad_enabled() if gradients is None else gradients):  # `None`: whether this pass has them
         return None
     if model.training and (
         any(isinstance(m, nn.Dropout) and m.p > 0 and m.training for m in model.modules())

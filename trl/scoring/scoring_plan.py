@@ -80,6 +80,7 @@ def plan_scoring(
     packed: bool | str,
     chunked_logprobs: bool,
     compute_aux_loss: bool,
+    gradients: bool = True,
 ) -> ScoringPlan:
     """The `ScoringPlan` of a `score_completions` call of `model` on prompts of padded width `prompt_length`; each
     reason its passes run plain for is logged once (INFO).
@@ -89,8 +90,8 @@ def plan_scoring(
     attention, for PEFT prompt learning, for ZeRO-3/FSDP2 parameters, for a pass whose two halves would see different
     RoPE frequencies (`longrope` when the prompt and the whole sequence lie on different sides of
     `original_max_position_embeddings`, `dynamic` from `max_position_embeddings` tokens on; per pass, `pass_layout`),
-    and, with gradients, for active dropout and gradient checkpointing that would drop the cache (see
-    `prefix_sharing.scoring_sharing_blocker`). For ZeRO-3/FSDP2 parameters and checkpointing that would drop the
+    and, for a pass with `gradients` (or laid out as one), for active dropout and gradient checkpointing that would
+    drop the cache (see `prefix_sharing.scoring_sharing_blocker`). For ZeRO-3/FSDP2 parameters and checkpointing that would drop the
     cache, a pass with `packed` (`True` or `"inline"`) still shares in inline rows (`score_inline`), which need no
     cache and no second forward; it runs plain where those do not apply. Passes of a model that
     `prefix_sharing.packing_blocker` names a reason for run padded, and `chunked_logprobs` is off where
@@ -99,9 +100,9 @@ def plan_scoring(
     inline_only = False  # no shared cache, but one pass over packed rows that start with their prompt
     cache_blocker = None
     if share:
-        cache_blocker = "the MoE router loss" if compute_aux_loss else scoring_sharing_blocker(model)
+        cache_blocker = "the MoE router loss" if compute_aux_loss else scoring_sharing_blocker(model, False, gradients)
         if cache_blocker is not None:
-            inline_blocker = _inline_blocker(model, packed, compute_aux_loss)
+            inline_blocker = _inline_blocker(model, packed, compute_aux_loss, gradients)
             share = inline_only = inline_blocker is None
             if inline_blocker == cache_blocker:  # dropout, the router loss: one reason for both
                 _log_blocker(cache_blocker)
@@ -365,7 +366,7 @@ def _takes_boolean_logits_to_keep(model: nn.Module) -> bool:
     return type(inner).__module__.startswith("transformers.models.") and len(devices) <= 1
 
 
-def _inline_blocker(model: nn.Module, packed: bool | str, compute_aux_loss: bool) -> str | None:
+def _inline_blocker(model: nn.Module, packed: bool | str, compute_aux_loss: bool, gradients: bool) -> str | None:
     """Why `model`'s passes cannot share their prompts in rows that start with them (`pack_completions`' inline
     layout), or `None`: the one way to share where the prompt cache is ruled out."""
     if packed in (False, "cache"):
@@ -374,7 +375,7 @@ def _inline_blocker(model: nn.Module, packed: bool | str, compute_aux_loss: bool
         return "the MoE router loss"
     if ropes := length_scaled_ropes(model):
         return f"a RoPE whose frequencies follow the sequence length ({ropes[0][0]!r})"
-    return packing_blocker(model) or scoring_sharing_blocker(model, one_pass=True)
+    return packing_blocker(model) or scoring_sharing_blocker(model, one_pass=True, gradients=gradients)
 
 
 def _log_blocker(blocker: str, field: str = "shared_prefix") -> None:

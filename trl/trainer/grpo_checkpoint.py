@@ -11,7 +11,7 @@ import torch
 from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
 
-from .grpo_inputs import shuffle_and_split, shuffle_seed
+from .grpo_inputs import micro_batch_rows, shuffle_and_split, shuffle_seed
 
 
 logger = logging.get_logger(__name__)
@@ -93,6 +93,12 @@ class GenerationBuffer:
         `steps_per_generation` micro-batches (see `grpo_inputs.shuffle_and_split`)."""
         order_seed = shuffle_seed(seed, self.step, process_index)
         self.inputs = shuffle_and_split(batch, self.steps_per_generation, order_seed)
+
+    def micro_batch_rows(self, rows: int, seed: int, process_index: int) -> list[torch.Tensor]:
+        """The rows of a generation batch of `rows` rows, made at micro-step `step` (0 before training starts), that
+        each of its micro-batches will hold once `fill` has cut it (`grpo_inputs.micro_batch_rows`)."""
+        order_seed = shuffle_seed(seed, self.step or 0, process_index)
+        return micro_batch_rows(rows, self.steps_per_generation, order_seed)
 
     def next_micro_batch(self, refresh: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
         """The micro-batch of micro-step `step`, passed through `refresh` (and kept so: the reference's log-probs

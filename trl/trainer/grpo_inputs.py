@@ -185,6 +185,35 @@ def split_tensor_dict(batch: dict[str, Any], num_chunks: int) -> list[dict[str, 
     return chunks
 
 
+def micro_batch_rows(rows: int, num_chunks: int, seed: int) -> list[torch.Tensor]:
+    """The rows of a generation batch of `rows` rows that each micro-batch of `shuffle_and_split(batch, num_chunks,
+    seed)` holds, in that micro-batch's order: `num_chunks` int64 CPU tensors of `rows / num_chunks` indices."""
+    return list(torch.randperm(rows, generator=torch.Generator().manual_seed(seed)).chunk(num_chunks))
+
+
+def by_passes(
+    score, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, passes
+) -> torch.Tensor:
+    """Per-token scores of every row, one call per group of rows: `score(input_ids, attention_mask, logits_to_keep,
+    batch_size)` → `(n, L)` runs once for each index tensor of `passes` (together they hold each row once) on those
+    rows in that order, all in one pass (`batch_size` = n), and the results are put back in row order.
+
+    Args:
+        score: e.g. `GRPOTrainer._ref_per_token_logps`.
+        input_ids, attention_mask: `(N, P + L)`.
+        logits_to_keep: L.
+        passes: int64 index tensors (on any device).
+
+    Returns:
+        `(N, L)` float32 tensor.
+    """
+    out = torch.empty(input_ids.size(0), logits_to_keep, dtype=torch.float32, device=input_ids.device)
+    for rows in passes:
+        rows = rows.to(input_ids.device)
+        out[rows] = score(input_ids[rows], attention_mask[rows], logits_to_keep, rows.numel())
+    return out
+
+
 def shuffle_and_split(batch: dict[str, Any], num_chunks: int, seed: int) -> list[dict[str, Any]]:
     """Shuffle the rows of a generation batch (one permutation for every tensor) and cut it into micro-batches.
 
@@ -201,7 +230,7 @@ def shuffle_and_split(batch: dict[str, Any], num_chunks: int, seed: int) -> list
         `num_chunks` dicts with the same keys.
     """
     rows = next(v.size(0) for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
-    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))
+    order = torch.cat(micro_batch_rows(rows, num_chunks, seed))
     shuffled = {
         key: value[order.to(value.device)] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
         for key, value in batch.items()

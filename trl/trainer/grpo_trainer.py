@@ -54,6 +54,7 @@ from .grpo_checkpoint import GenerationBuffer, add_missing_callback_states
 from .grpo_config import GRPOConfig
 from .grpo_inputs import (
     RepeatSampler,
+    by_passes,
     check_eval_batch,
     check_prompt_datasets,
     check_stream_settings,
@@ -225,6 +226,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self.generation_buffer = GenerationBuffer(args.steps_per_generation, args.num_iterations)
         self._eval_batches = 0  # eval generation batches so far in this evaluation (seeds their sampling)
         self._step_time = 0.0  # seconds spent in training_step since the last optimizer step
+        self._training_layout = False  # set while `_old_per_token_logps` scores
 
         super().__init__(
             model=model,
@@ -474,17 +476,23 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         # → old-policy (when the batch spans optimizer steps) and reference log-probs
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, mask], dim=1)
-        batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         stale = args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) != 0
+        completion_width = mask.size(1)
+        if mode == "train":  # each pass over the rows of one micro-batch the loss will read, in its order
+            rank, rows = self.accelerator.process_index, input_ids.size(0)
+            passes = self.generation_buffer.micro_batch_rows(rows, args.seed, rank)
+        else:
+            passes = list(torch.arange(input_ids.size(0)).split(args.per_device_eval_batch_size))
         with torch.no_grad():
             if stale and mode == "train":
-                output["old_per_token_logps"] = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention_mask, mask.size(1), batch_size
-                )[0]
-            if self.beta != 0.0:
-                output["ref_per_token_logps"] = self._ref_per_token_logps(
-                    input_ids, attention_mask, mask.size(1), batch_size
+                output["old_per_token_logps"] = by_passes(
+                    self._old_per_token_logps, input_ids, attention_mask, completion_width, passes
                 )
+            if self.beta != 0.0:
+                with self.reference.loaded():  # an offloaded reference is read in once for all the passes
+                    output["ref_per_token_logps"] = by_passes(
+                        self._ref_per_token_logps, input_ids, attention_mask, completion_width, passes
+                    )
                 output["ref_version"] = self.reference.version
         total_tokens = gather(mask.sum()).sum().float()
         micro_batches = args.steps_per_generation if mode == "train" else 1
@@ -580,8 +588,26 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             grouped_kv_attention=True,  # CPU only, the same log-probs to the bit
             recompute_elementwise_activations=self.args.recompute_elementwise_activations,
             packed=True,
+            training_layout=self._training_layout,  # the old log-probs' pass (`_old_per_token_logps`)
         )
         return scores.per_token_logps, scores.entropies, scores.aux_loss
+
+    def _old_per_token_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
+        """`(N, L)` log-probs of the policy at generation time (π_θ_old), computed as the training forward will compute
+        π_θ's over the same rows (`_compute_loss`: one pass, the router loss when it has one, the layout of a pass with
+        gradients), so that the ratio π_θ / π_θ_old is exactly 1, in bf16 too, until the weights change."""
+        self._training_layout = True
+        try:
+            return self._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_aux_loss=self.aux_loss_enabled,
+            )[0]
+        finally:
+            self._training_layout = False
 
     def _ref_per_token_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
         """`(N, L)` reference log-probs: `_get_per_token_logps_and_entropies` of the reference's model."""
