@@ -2,6 +2,7 @@
 """GRPOConfig: defaults, derived batch sizes, bool→str mapping of scale_rewards, and every validation message."""
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -41,6 +42,7 @@ TRL_1_16_DEFAULTS = {
     "gradient_checkpointing": True,
     "importance_sampling_level": "token",
     "learning_rate": 1e-06,
+    "lr_scheduler_kwargs": None,
     "log_completions": False,
     "log_completions_hub_repo": None,
     "log_multimodal": True,
@@ -75,10 +77,12 @@ TRL_1_16_DEFAULTS = {
     "top_entropy_quantile": 1.0,
     "top_k": 0,
     "top_p": 1.0,
+    "torch_empty_cache_steps": None,
     "transformers_continuous_batching_config": None,
     "trust_remote_code": False,
     "use_adaptive_entropy": False,
     "use_bias_correction_kl": True,
+    "use_liger_kernel": False,
     "use_transformers_continuous_batching": False,
     "use_transformers_paged": False,
     "use_vllm": False,
@@ -409,3 +413,172 @@ def test_unverified_performance_paths_are_plain_off_the_cpu(base, monkeypatch, d
         assert table[name][column].startswith(f"`{getattr(args, name)}`"), name
     tied_row = next(cells for row, cells in table.items() if "tied input embedding's row gradient" in row)
     assert tied_row[column].startswith("on" if tied_row_gradient(device_type) else "off")
+
+
+# ---------------------------------------------------------------- no field accepted and silently ignored (issue 41)
+
+# Every field shared with TRL 1.16's GRPOConfig (and ours), in exactly one of these groups. Acted on: read by this
+# package (the TrainingArguments fields TRL redeclares by transformers' Trainer, whose subclass GRPOTrainer is).
+TRAINING_ARGUMENTS_ACTED_ON = {
+    "bf16",
+    "gradient_checkpointing",
+    "learning_rate",
+    "logging_steps",
+    "lr_scheduler_kwargs",
+    "remove_unused_columns",
+    "torch_empty_cache_steps",
+}
+ACTED_ON = {
+    "beta",
+    "cache_implementation",
+    "cast_lm_head_to_fp32",
+    "chat_template_kwargs",
+    "delta",
+    "disable_dropout",
+    "ds3_gather_for_generation",
+    "entropy_coef",
+    "entropy_coef_delta",
+    "entropy_coef_max",
+    "entropy_coef_min",
+    "entropy_target",
+    "epsilon",
+    "epsilon_high",
+    "generation_batch_size",
+    "generation_kwargs",
+    "importance_sampling_level",
+    "log_completions",
+    "log_unique_prompts",
+    "loss_type",
+    "mask_truncated_completions",
+    "max_completion_length",
+    "min_p",
+    "model_init_kwargs",
+    "multi_objective_aggregation",
+    "num_completions_to_print",
+    "num_generations",
+    "num_generations_eval",
+    "num_iterations",
+    "off_policy_mask_threshold",
+    "pad_to_multiple_of",
+    "ref_model_mixup_alpha",
+    "ref_model_sync_steps",
+    "repetition_penalty",
+    "reward_weights",
+    "router_aux_loss_coef",
+    "sapo_temperature_neg",
+    "sapo_temperature_pos",
+    "scale_rewards",
+    "shuffle_dataset",
+    "steps_per_generation",
+    "sync_ref_model",
+    "temperature",
+    "top_entropy_quantile",
+    "top_k",
+    "top_p",
+    "trust_remote_code",
+    "use_adaptive_entropy",
+    "use_bias_correction_kl",
+    "vespo_k_neg",
+    "vespo_k_pos",
+    "vespo_lambda_neg",
+    "vespo_lambda_pos",
+} | set(OUR_ONLY_DEFAULTS)
+# Refused: a non-default value (field: the value tried, the fix the message names) raises a ValueError.
+RAISES = {
+    "use_vllm": (True, "set it to False"),
+    "use_transformers_continuous_batching": (True, "set it to False"),
+    "use_transformers_paged": (True, "set it to False"),
+    "transformers_continuous_batching_config": ({"max_batch_tokens": 64}, "leave it None"),
+    "max_tool_calling_iterations": (3, "leave it None"),
+    "log_completions_hub_repo": ("me/completions", "leave it None"),
+    "use_liger_kernel": (True, "set it to False"),
+}
+# Used only when a refused switch is on, as in TRL (field: a non-default value, its switch); accepted, no effect.
+ONLY_WITH = {
+    "vllm_mode": ("server", "use_vllm"),
+    "vllm_model_impl": ("transformers", "use_vllm"),
+    "vllm_enable_sleep_mode": (True, "use_vllm"),
+    "vllm_structured_outputs_regex": ("[0-9]+", "use_vllm"),
+    "vllm_server_base_url": ("http://localhost:8001", "use_vllm"),
+    "vllm_server_host": ("127.0.0.1", "use_vllm"),
+    "vllm_server_port": (8001, "use_vllm"),
+    "vllm_server_timeout": (60.0, "use_vllm"),
+    "vllm_group_port": (51217, "use_vllm"),
+    "vllm_gpu_memory_utilization": (0.5, "use_vllm"),
+    "vllm_max_model_length": (1024, "use_vllm"),
+    "vllm_tensor_parallel_size": (2, "use_vllm"),
+    "vllm_importance_sampling_correction": (False, "use_vllm"),
+    "vllm_importance_sampling_mode": ("token_truncate", "use_vllm"),
+    "vllm_importance_sampling_clip_max": (2.0, "use_vllm"),
+    "vllm_importance_sampling_clip_min": (0.5, "use_vllm"),
+    "vllm_importance_sampling_cap": (2.0, "use_vllm"),
+    "liger_kernel_config": ({"rms_norm": False}, "use_liger_kernel"),  # TrainingArguments; TRL's GRPOTrainer edits it
+}
+# Nothing to act on for the models supported here (text only), as in TRL for a text model.
+TEXT_ONLY = {"log_multimodal"}
+SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "trl")
+
+
+def _readers(name: str) -> list[str]:
+    """Files of `trl/` (GRPOConfig's own module aside) whose code, comments stripped, names `name` as an attribute
+    (`args.name`) or a string (`getattr(args, "name")`)."""
+    pattern = re.compile(rf"\.{name}\b|[\"']{name}[\"']")
+    found = []
+    for folder, _, files in os.walk(SOURCE):
+        for file in files:
+            path = os.path.join(folder, file)
+            if file.endswith(".py") and path != grpo_config.__file__:
+                with open(path) as handle:
+                    code = "\n".join(line.split("#")[0] for line in handle)
+                if pattern.search(code):
+                    found.append(os.path.relpath(path, SOURCE))
+    return found
+
+
+def test_every_shared_field_is_acted_on_refused_or_only_used_with_its_switch():
+    """A field added to GRPOConfig (or to the TRL list) fails here until it is put in one group."""
+    groups = [ACTED_ON, TRAINING_ARGUMENTS_ACTED_ON, set(RAISES), set(ONLY_WITH), TEXT_ONLY]
+    assert sum(map(len, groups)) == len(set().union(*groups)), "a field is in two groups"
+    ours = {f.name for f in dataclasses.fields(GRPOConfig)} - {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert set().union(*groups) == ours | set(TRL_1_16_DEFAULTS) | {"liger_kernel_config"}
+
+
+@pytest.mark.parametrize("name", sorted(ACTED_ON))
+def test_an_acted_on_field_is_read_outside_the_config(name):
+    assert _readers(name), f"nothing in trl/ reads {name}"
+
+
+@pytest.mark.parametrize("name", sorted(set(ONLY_WITH) | TEXT_ONLY))
+def test_an_unused_field_is_read_nowhere(name):
+    # When one of these starts to be read (vLLM generation implemented), move it to ACTED_ON and test its effect.
+    assert _readers(name) == []
+
+
+@pytest.mark.parametrize("name", sorted(RAISES))
+def test_a_refused_field_set_raises_naming_it_and_the_fix(base, name):
+    value, fix = RAISES[name]
+    extra = {"log_completions": True} if name == "log_completions_hub_repo" else {}
+    with pytest.raises(ValueError) as info:
+        GRPOConfig(**base, **extra, **{name: value})
+    pattern = rf"Invalid GRPOConfig:\n- {name}={re.escape(repr(value))} asks for [^\n]+, which this package does not "
+    pattern += rf"support \([^\n]+\): {fix}\."
+    assert re.fullmatch(pattern, str(info.value)), str(info.value)
+    assert getattr(GRPOConfig(**base, **extra), name) == TRL_1_16_DEFAULTS[name]  # the default is accepted
+
+
+def test_use_liger_kernel_is_refused_with_what_to_use(base):
+    with pytest.raises(ValueError) as info:
+        GRPOConfig(**base, use_liger_kernel=True)
+    assert str(info.value) == (
+        "Invalid GRPOConfig:\n- use_liger_kernel=True asks for Liger Kernel, which this package does not support "
+        "(neither Liger's fused linear GRPO loss nor the Triton layer kernels that TRL 1.16, which deprecates this "
+        "field, has transformers patch into the model; here `chunked_logprobs`, on by default, keeps the LM head's "
+        "logits from existing whole): set it to False."
+    )
+
+
+def test_fields_used_only_with_a_refused_switch_are_accepted_while_it_is_off(base):
+    values = {name: value for name, (value, _) in ONLY_WITH.items()}
+    args = GRPOConfig(**base, **values, log_multimodal=False)
+    assert {name: getattr(args, name) for name in values} == values
+    assert (args.use_vllm, args.use_liger_kernel, args.log_multimodal) == (False, False, False)

@@ -330,6 +330,13 @@ def test_cli_config_errors_are_one_line(tmp_path, model_dir, data_path, capsys):
             "`test_split_size` in the config file, or set --eval_strategy no.",
         ),
         (["--model_init_kwargs", "[1]"], "--model_init_kwargs must be a JSON object, got [1]."),
+        (
+            ["--use_liger_kernel", "true"],
+            "Invalid GRPOConfig: use_liger_kernel=True asks for Liger Kernel, which this package does not support "
+            "(neither Liger's fused linear GRPO loss nor the Triton layer kernels that TRL 1.16, which deprecates this "
+            "field, has transformers patch into the model; here `chunked_logprobs`, on by default, keeps the LM "
+            "head's logits from existing whole): set it to False.",
+        ),
     ]
     for extra, message in cases:
         assert cli_main(cli_argv(model_dir, data_path, tmp_path, *extra)) == 2, extra

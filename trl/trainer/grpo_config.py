@@ -331,10 +331,14 @@ class GRPOConfig(TrainingArguments):
         > Parameters of TRL features this package does not support
 
         These exist so that TRL configurations load unchanged. vLLM generation, transformers' continuous batching,
-        tool calling and uploading completions to the Hub are not implemented: switching one on (`use_vllm=True`,
-        `use_transformers_continuous_batching=True`, the deprecated `use_transformers_paged=True`, or setting
-        `transformers_continuous_batching_config`, `max_tool_calling_iterations` or `log_completions_hub_repo`)
-        raises a `ValueError`. The other fields only matter when vLLM is on and keep TRL's defaults:
+        tool calling, uploading completions to the Hub and Liger Kernel are not implemented: switching one on
+        (`use_vllm=True`, `use_transformers_continuous_batching=True`, the deprecated `use_transformers_paged=True`,
+        setting `transformers_continuous_batching_config`, `max_tool_calling_iterations` or
+        `log_completions_hub_repo`, or `use_liger_kernel=True`) raises a `ValueError`. `use_liger_kernel` is a
+        [`~transformers.TrainingArguments`] field that TRL 1.16 deprecates; neither Liger's fused GRPO loss nor its
+        layer kernels are used here, and `chunked_logprobs` is this package's LM-head memory saver.
+        `liger_kernel_config` only matters with `use_liger_kernel`. The other fields only matter when vLLM is on and
+        keep TRL's defaults:
         `vllm_mode` (`"colocate"`), `vllm_model_impl` (`"vllm"`), `vllm_enable_sleep_mode` (`False`),
         `vllm_structured_outputs_regex` (`None`), `vllm_server_base_url` (`None`), `vllm_server_host`
         (`"0.0.0.0"`), `vllm_server_port` (`8000`), `vllm_server_timeout` (`240.0`), `vllm_group_port` (`51216`),
@@ -583,6 +587,9 @@ class GRPOConfig(TrainingArguments):
     use_transformers_paged: bool = field(default=False, metadata={"help": "Deprecated in TRL; not supported."})
     max_tool_calling_iterations: int | None = field(default=None, metadata={"help": "Not supported (tool calling)."})
     log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Not supported (Hub upload)."})
+    use_liger_kernel: bool = field(  # a TrainingArguments field, redeclared (as TRL does) for its help
+        default=False, metadata={"help": "Not supported (Liger Kernel); chunked_logprobs saves the LM head's memory."}
+    )
 
     # TrainingArguments defaults that TRL overrides
     logging_steps: float = field(default=10, metadata={"help": "Log every this many optimizer steps."})
@@ -763,31 +770,47 @@ class GRPOConfig(TrainingArguments):
 
 
 def unsupported_feature_errors(args: GRPOConfig) -> list[str]:
-    """One message per TRL feature that `args` switches on but this package does not implement."""
-    features = {  # field: (switched on, the feature)
-        "use_vllm": (args.use_vllm, "vLLM generation"),
-        "use_transformers_continuous_batching": (args.use_transformers_continuous_batching, "continuous batching"),
+    """One message per TRL feature that `args` switches on but this package does not implement: the field, what it
+    asks for, why it is not here and what to set instead."""
+    generate = "completions are generated with transformers' `generate`"
+    features = {  # field: (switched on, the feature, why not here)
+        "use_vllm": (args.use_vllm, "vLLM generation", generate),
+        "use_transformers_continuous_batching": (
+            args.use_transformers_continuous_batching,
+            "continuous batching",
+            generate,
+        ),
         "use_transformers_paged": (
             args.use_transformers_paged,
             "continuous batching (`use_transformers_paged` is deprecated in TRL: its new name is "
             "use_transformers_continuous_batching)",
+            generate,
         ),
         "transformers_continuous_batching_config": (
             args.transformers_continuous_batching_config is not None,
             "continuous batching",
+            generate,
         ),
-        "max_tool_calling_iterations": (args.max_tool_calling_iterations is not None, "tool calling"),
-        "log_completions_hub_repo": (args.log_completions_hub_repo is not None, "uploading completions to the Hub"),
+        "max_tool_calling_iterations": (args.max_tool_calling_iterations is not None, "tool calling", generate),
+        "log_completions_hub_repo": (
+            args.log_completions_hub_repo is not None,
+            "uploading completions to the Hub",
+            "the completions table is printed, not uploaded",
+        ),
+        "use_liger_kernel": (
+            args.use_liger_kernel,
+            "Liger Kernel",
+            "neither Liger's fused linear GRPO loss nor the Triton layer kernels that TRL 1.16, which deprecates this "
+            "field, has transformers patch into the model; here `chunked_logprobs`, on by default, keeps the LM "
+            "head's logits from existing whole",
+        ),
     }
     errors = []
-    for name, (on, feature) in features.items():
+    for name, (on, feature, why) in features.items():
         value = getattr(args, name)
         if on:
             fix = "set it to False" if isinstance(value, bool) else "leave it None"
-            errors.append(
-                f"{name}={value!r} asks for {feature}, which this package does not support (completions are "
-                f"generated with transformers' `generate`): {fix}."
-            )
+            errors.append(f"{name}={value!r} asks for {feature}, which this package does not support ({why}): {fix}.")
     return errors
 
 
