@@ -93,6 +93,14 @@ def _check_packed_scoring(out, tmp):
     assert all(number(cell) > 0 for cell in row[6:12]) and number(row[12]) < 1e-4
 
 
+def _check_lm_head(out, tmp):
+    header, rows = table_with(out, "path")
+    assert header == ["path", "ms (median)", "peak MiB", "max abs Δ logp", "rel Δ grad W"]
+    assert [row[0] for row in rows] == ["plain", "chunked_logprobs"]
+    assert all(number(row[1]) > 0 and row[2] == "n/a" for row in rows)  # the smoke run is on the CPU
+    assert number(rows[1][3]) < 1e-4 and number(rows[1][4]) < 1e-4  # float32: the same values up to rounding
+
+
 def _check_grpo_step(out, tmp):
     header, rows = table_with(out, "sync")
     assert header == ["sync", "s/step (median)", "std", "peak GPU MiB"]
@@ -308,6 +316,7 @@ CHECKS = {
     "benchmark_generation.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_generation),
     "benchmark_packed_scoring.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_packed_scoring),
     "benchmark_grpo_step.py": (lambda tmp, values: ["--model_dir", str(tmp / "model")], _check_grpo_step),
+    "benchmark_lm_head.py": (lambda tmp, values: [], _check_lm_head),
     "benchmark_sync_zero3.py": (lambda tmp, values: [], _check_sync_zero3),
     "benchmark_zero3_generation.py": (
         lambda tmp, values: ["--upstream_python", values["upstream_python"], "--model_dir", str(tmp / "model")],
