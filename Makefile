@@ -29,8 +29,8 @@ parity_tests: setup
 	$(PYTHON) -m pytest -m "parity and not slow" tests
 
 # The slow suite on SmolLM2-135M-Instruct: bf16 on a GPU; TRL_SLOW_TESTS_ON_CPU=1 runs it on the CPU (fp32, smaller
-# runs, ~4 min on 2 shared cores), plus every benchmarks/ script's --smoke run (tests/slow/test_benchmarks_smoke.py:
-# 3-6 min more, as busy as the cores are). OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning,
+# runs, ~4 min on 2 shared cores; tests/slow/test_gpu_default_path.py stays bf16: ~4 min more), plus every
+# benchmarks/ script's --smoke run (tests/slow/test_benchmarks_smoke.py: 3-6 min more, as busy as the cores are). OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning,
 # which on a CPU shared with other jobs made a step ~10x faster.
 slow_tests: export OMP_WAIT_POLICY ?= PASSIVE
 slow_tests: setup
