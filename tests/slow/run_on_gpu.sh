@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one script that fits 10 minutes on one H100/H200, for a GPU machine without internet that already
 # has torch, transformers, accelerate and peft: installs the rest from a folder of wheels and this repo editable, then
-# runs four parts in this order, each under its own `timeout` (its limit, or what is left of BUDGET seconds counted
+# runs five parts in this order, each under its own `timeout` (its limit, or what is left of BUDGET seconds counted
 # from the script's start, whichever is less). A part that fails or times out does not stop the next one; the script
 # exits 1 at the end if any part failed or was skipped. Expected times (estimated from the code, never measured on a
 # GPU yet):
@@ -12,6 +12,8 @@
 #                              syncs, LoRA, checkpointing, ZeRO-3; test_demo_slow.py); limit 240 s
 #   benchmark_0.5b   ~1.5 min  benchmarks/benchmark_grpo_step.py --preset 0.5b --steps 20 (Qwen2.5-0.5B shape,
 #                              bf16): the docs' GPU rows of "Speed and memory"; limit 150 s
+#   lm_head          ~20 s     benchmarks/benchmark_lm_head.py --preset 0.5b: plain against chunked_logprobs on
+#                              Qwen2.5-0.5B's head (8 × 512 positions, bf16): whether it pays on a GPU; limit 60 s
 #   benchmark_smoke  ~2-3 min  tests/slow/test_benchmarks_smoke.py (every benchmark's --smoke run, mostly on the CPU,
 #                              already covered by CPU runs: last, so it gets what is left); limit 240 s
 # Each pytest session converts SmolLM2 from its GGUF file once (~25 s of the times above).
@@ -78,6 +80,7 @@ slow_tests default_path 240 -s tests/slow/test_gpu_default_path.py
 slow_tests slow_suite 240 tests/slow --ignore=tests/slow/test_gpu_default_path.py \
     --ignore=tests/slow/test_benchmarks_smoke.py
 part benchmark_0.5b 150 python benchmarks/benchmark_grpo_step.py --preset 0.5b --steps 20
+part lm_head 60 python benchmarks/benchmark_lm_head.py --preset 0.5b
 slow_tests benchmark_smoke 240 tests/slow/test_benchmarks_smoke.py
 
 echo "== done after $((SECONDS - start)) s; failed parts: ${failed[*]:-none}"
