@@ -47,7 +47,8 @@ def sparse_tied_embedding_grad(model: nn.Module, sink_of=lambda: None):
     LM head of `chunked_logprobs` takes part), its rows are added in place into the head's gradient before autograd
     gets the sum; without one, it returns them as a sparse tensor, which autograd adds into the head's dense
     gradient. An embedding subclass with a forward of its own (Gemma's scaled embedding) keeps that forward and gets
-    `nn.Embedding`'s sparse gradient instead. Either way the weight's gradient is dense (what the optimizer and
+    `nn.Embedding`'s sparse gradient instead (for a float32 weight only: its rows' repeats are summed in the weight's
+    dtype). Either way the weight's gradient is dense (what the optimizer and
     gradient clipping read) and equals the plain one up to the order of float additions. The forward (or the flag)
     is restored when the block ends. Nothing changes for an untied or frozen embedding, a sharded weight, an
     embedding with `max_norm` or `scale_grad_by_freq`, or without gradients.
@@ -56,8 +57,14 @@ def sparse_tied_embedding_grad(model: nn.Module, sink_of=lambda: None):
     if embedding is None:
         yield None
         return
-    if type(embedding).forward is not nn.Embedding.forward:  # a subclass with its own forward (Gemma's scaled
-        embedding.sparse = True  # embedding): nn.Embedding's sparse gradient, inside the subclass's forward
+    if type(embedding).forward is not nn.Embedding.forward:
+        # A subclass with its own forward (Gemma's scaled embedding) gets nn.Embedding's sparse gradient inside that
+        # forward. Its rows' repeats are summed in the weight's dtype: for a bf16 weight the dense gradient is more
+        # accurate (2.29e-2 against 2.43e-2 relative error to float64 measured on a tiny Gemma 2), so it runs there.
+        if embedding.weight.dtype != torch.float32:
+            yield None
+            return
+        embedding.sparse = True
         try:
             yield embedding
         finally:
