@@ -82,10 +82,10 @@ CASES = {name: (name, torch.bfloat16, False) for name in ARCHITECTURES}
 CASES["llama_tied_fp32_bf16_autocast"] = ("llama_tied", torch.float32, True)
 
 # What the default path does for each architecture: the layout of its pass without and with gradients, block-wise
-# log-probs, the sparse tied-embedding gradient (Gemma2's scaled embedding: `nn.Embedding`'s sparse one).
+# log-probs, a tied embedding the row gradient may apply to (Gemma2's scaled bf16 embedding keeps its dense one).
 # - Llama, Qwen2: packed rows that start with their prompt (`pack_completions`' estimate picks "inline" here).
 # - Mistral with a sliding window, Gemma2 (sliding-window layers): the prompts' cache would not be plain full
-#   attention, so every pass runs plain (not logged); Gemma2's logit softcapping also keeps the log-probs on its
+#   attention, so every pass runs plain (logged once at INFO); Gemma2's logit softcapping also keeps the log-probs on its
 #   logits (logged at INFO by `scoring_plan`, as is its model type, not packable).
 # - Qwen2-MoE: a model type not packable (logged), so its completions run padded on the prompts' cache; the training
 #   pass returns the router loss (as the trainer asks with the config's `router_aux_loss_coef`), which covers every

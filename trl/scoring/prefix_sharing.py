@@ -168,12 +168,19 @@ def shared_prompts(
     peft_config = getattr(extract_model_from_parallel(model), "active_peft_config", None)
     if getattr(peft_config, "is_prompt_learning", False):  # PEFT prepends its own virtual tokens or cache
         return None
-    if full_attention and any(
-        type(layer) is not DynamicLayer for layer in DynamicCache(config=text_config(model)).layers
-    ):
+    if full_attention and cache_layers_blocker(model) is not None:
         return None
     first, inverse = unique_prompt_rows(prompt_ids, prompt_mask)
     return None if first.numel() == prompt_ids.size(0) else (first, inverse)
+
+
+def cache_layers_blocker(model: nn.Module) -> str | None:
+    """Why a read-only shared prompt cache cannot serve `model`'s scoring passes: its cache has layers other than
+    plain full-attention ones (sliding windows, linear attention), named by type; `None` when all are full-attention
+    layers."""
+    kinds = {type(layer).__name__ for layer in DynamicCache(config=text_config(model)).layers}
+    others = sorted(kinds - {DynamicLayer.__name__})
+    return f"a cache with {', '.join(others)} layers (sliding windows or linear attention)" if others else None
 
 
 def shared_prefix_cache(

@@ -24,6 +24,7 @@ from transformers.utils import logging
 from .lm_head import LogprobReader, chunked_logprobs_blocker
 from .prefix_sharing import (
     PackedCompletions,
+    cache_layers_blocker,
     length_scaled_ropes,
     pack_completions,
     packed_attention_mask,
@@ -97,6 +98,9 @@ def plan_scoring(
     `prefix_sharing.packing_blocker` names a reason for run padded, and `chunked_logprobs` is off where
     `lm_head.chunked_logprobs_blocker` names one."""
     share = share_prefix and prompt_length - 1 >= min_prefix
+    if share and (layers := cache_layers_blocker(model)) is not None:  # no pass can share: say so once
+        share = False
+        _log_blocker(layers)
     inline_only = False  # no shared cache, but one pass over packed rows that start with their prompt
     cache_blocker = None
     if share:
