@@ -54,10 +54,12 @@ DEFAULT_PATH = dict(
     offload_ref_model=False,
 )
 PLAIN_PATH = {**DEFAULT_PATH, "shared_prefix": False, "chunked_logprobs": False}
-# What `GRPOTrainer._get_per_token_logps_and_entropies` passes to `score_completions` for each path.
-TRAINER_FLAGS = dict(sparse_embedding_grad=True, grouped_kv_attention=True, packed=True)
-DEFAULT_FLAGS = dict(TRAINER_FLAGS, share_prefix=True, chunked_logprobs=True)
-PLAIN_FLAGS = dict(TRAINER_FLAGS, share_prefix=False, chunked_logprobs=False)
+# What `GRPOTrainer._get_per_token_logps_and_entropies` passes to `score_completions` for each path on the CPU (the
+# tied embedding's row gradient is part of the candidate default path; the trainer uses it in CPU runs only, see
+# `trl/trainer/device_defaults.py`, so on CUDA the training runs below have it off on both paths).
+TRAINER_FLAGS = dict(grouped_kv_attention=True, packed=True)
+DEFAULT_FLAGS = dict(TRAINER_FLAGS, share_prefix=True, chunked_logprobs=True, sparse_embedding_grad=True)
+PLAIN_FLAGS = dict(TRAINER_FLAGS, share_prefix=False, chunked_logprobs=False, sparse_embedding_grad=False)
 
 # Scoring batch: distinct chat prompts (38-39 tokens with the template), each repeated GROUP times, sampled
 # completions of LENGTH tokens, some cut shorter by their mask. Training: TRAIN_STEPS optimizer steps.
