@@ -207,6 +207,22 @@ def test_reentrant_checkpointing_falls_back_to_plain_passes(model):
     )
 
 
+def test_a_pass_without_gradients_can_take_the_training_layout(model):
+    # The old log-probs' pass (no gradients) is laid out as the training pass over the same rows will be, so the two
+    # give the same bits: here reentrant checkpointing keeps the training pass off the prompts' cache.
+    model.gradient_checkpointing_enable({"use_reentrant": True})
+    ids, mask, length = _batch(model.config.vocab_size)
+    shapes = _record_forward_shapes(model)
+    with torch.no_grad():
+        free = score_completions(model, ids, mask, length, 1.0, share_prefix=True).per_token_logps
+        assert len(shapes) == 2  # the distinct prompts' pass, then the completions on their cache
+        as_training = score_completions(model, ids, mask, length, 1.0, share_prefix=True, training_layout=True)
+    training = score_completions(model, ids, mask, length, 1.0, share_prefix=True).per_token_logps
+    assert shapes[2:] == [tuple(ids.shape)] * 2  # one plain forward each
+    assert torch.equal(as_training.per_token_logps, training.detach())
+    torch.testing.assert_close(free, training.detach())  # another layout: equal up to rounding only
+
+
 def test_a_pass_that_cannot_use_the_cache_still_shares_in_inline_rows(model):
     """Reentrant checkpointing (and ZeRO-3/FSDP2 parameters) rule out the prompt cache, not one forward over rows
     that start with their prompt: with packing allowed, the pass runs inline, the same values and gradients as one
