@@ -572,7 +572,7 @@ def test_use_liger_kernel_is_refused_with_what_to_use(base):
     assert str(info.value) == (
         "Invalid GRPOConfig:\n- use_liger_kernel=True asks for Liger Kernel, which this package does not support "
         "(neither Liger's fused linear GRPO loss nor the Triton layer kernels that TRL 1.16, which deprecates this "
-        "field, has transformers patch into the model; here `chunked_logprobs`, on by default, keeps the LM head's "
+        "field, has transformers patch into the model; here `chunked_logprobs` (on by default in CPU runs) keeps the LM head's "
         "logits from existing whole): set it to False."
     )
 
@@ -582,3 +582,15 @@ def test_fields_used_only_with_a_refused_switch_are_accepted_while_it_is_off(bas
     args = GRPOConfig(**base, **values, log_multimodal=False)
     assert {name: getattr(args, name) for name in values} == values
     assert (args.use_vllm, args.use_liger_kernel, args.log_multimodal) == (False, False, False)
+
+
+@pytest.mark.parametrize("value, expected", [(None, True), ("false", False), ("true", True)])
+def test_device_aware_fields_on_the_command_line(tmp_path, value, expected):
+    from trl.scripts.utils import TrlParser
+
+    names = ("shared_prefix", "inverse_cdf_sampling", "chunked_logprobs")
+    argv = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
+    for name in names if value is not None else ():
+        argv += [f"--{name}", value]
+    (args,) = TrlParser((GRPOConfig,)).parse_args_into_dataclasses(argv)
+    assert [getattr(args, name) for name in names] == [expected] * 3  # unset: resolved for this CPU run

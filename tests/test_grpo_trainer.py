@@ -444,7 +444,10 @@ def test_num_iterations_two_uses_old_logps(tiny_lm_path, arithmetic_dataset, grp
     assert output["num_items_in_batch"].item() == mask.sum().item() / 2
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16 autocast", "bf16 weights", "bf16 autocast, checkpointing"])
+@pytest.mark.parametrize(
+    "precision",
+    ["fp32", "bf16 autocast", "bf16 weights", "bf16 autocast, checkpointing", "bf16, accelerator defaults"],
+)
 def test_first_iteration_ratio_is_exactly_one(tiny_lm_path, grpo_kwargs, precision):
     # π_θ_old's log-probs are computed on the rows of each micro-batch, in its order and with the training pass's
     # layout (prompts long enough for shared-prefix packed scoring), so the first iteration's ratio is 1 to the bit,
@@ -459,13 +462,14 @@ def test_first_iteration_ratio_is_exactly_one(tiny_lm_path, grpo_kwargs, precisi
         "bf16 autocast": {"bf16": True},
         "bf16 weights": {"model_init_kwargs": {"dtype": "bfloat16"}},
         "bf16 autocast, checkpointing": {"bf16": True, "gradient_checkpointing": True},  # TRL's defaults
+        "bf16, accelerator defaults": {"bf16": True, "shared_prefix": False, "chunked_logprobs": False},
     }
     overrides = {"max_prompt_length": None, "max_completion_length": 6, "num_iterations": 2, **precisions[precision]}
     args = GRPOConfig(**{**grpo_kwargs, **overrides})
     trainer = GRPOTrainer(
         tiny_lm_path, first_token_reward, args=args, train_dataset=Dataset.from_dict({"prompt": prompts})
     )
-    assert args.shared_prefix and args.chunked_logprobs  # the CPU defaults
+    assert args.shared_prefix == args.chunked_logprobs == ("accelerator" not in precision)  # the CPU defaults
     passes, score = [], trainer._get_per_token_logps_and_entropies
 
     def recording_score(model, *pass_args, compute_entropy=False, **kwargs):

@@ -188,7 +188,8 @@ def _add_float32_product(total: torch.Tensor | None, a: torch.Tensor, b: torch.T
     several times slower); elsewhere a float32 product of the upcast operands, added in place (exact casts: the same
     sums up to their order)."""
     if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16) and b.dtype == a.dtype:
-        product = torch.mm(a, b, out_dtype=torch.float32)
-        return product if total is None else total.add_(product)
+        if total is None:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        return torch.addmm(total, a, b, out_dtype=torch.float32, out=total)  # in place: no (V, H) temporary
     a, b = a.float(), b.float()
     return torch.mm(a, b) if total is None else total.addmm_(a, b)

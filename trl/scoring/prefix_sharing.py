@@ -540,9 +540,10 @@ def rope_sharing_blocker(model: nn.Module, prefix_length: int, length: int) -> s
 
 def scoring_sharing_blocker(model: nn.Module, one_pass: bool = False, gradients: bool | None = None) -> str | None:
     """Why the forwards of `model` cannot use a read-only `shared_prefix_cache` right now (`gradients`: whether the
-    pass has gradients or is laid out as if, `None`: `torch.is_grad_enabled()`), or `None` when they can (a length-scaled RoPE is decided per pass from its lengths, `rope_sharing_blocker`). With
-    `one_pass`, only the reasons that also hold for one forward over rows that start with their prompt
-    (`pack_completions`' inline layout: no cache, no prompt pass), i.e. dropout. Reasons:
+    pass has gradients or is laid out as if, `None`: `torch.is_grad_enabled()`), or `None` when they can (a
+    length-scaled RoPE is decided per pass from its lengths, `rope_sharing_blocker`). With `one_pass`, only the reasons
+    that also hold for one forward over rows that start with their prompt (`pack_completions`' inline layout: no cache,
+    no prompt pass), i.e. dropout. Reasons:
     - DeepSpeed ZeRO-3 and FSDP2 (DTensor) parameters: each of the two forwards gathers every layer's weights,
       twice the communication of one pass; and with gradients, FSDP2 does not re-gather the weights of a layer
       whose output gets no gradient, which the prompt pass's last layer is;

@@ -92,9 +92,9 @@ def plan_scoring(
     RoPE frequencies (`longrope` when the prompt and the whole sequence lie on different sides of
     `original_max_position_embeddings`, `dynamic` from `max_position_embeddings` tokens on; per pass, `pass_layout`),
     and, for a pass with `gradients` (or laid out as one), for active dropout and gradient checkpointing that would
-    drop the cache (see `prefix_sharing.scoring_sharing_blocker`). For ZeRO-3/FSDP2 parameters and checkpointing that would drop the
-    cache, a pass with `packed` (`True` or `"inline"`) still shares in inline rows (`score_inline`), which need no
-    cache and no second forward; it runs plain where those do not apply. Passes of a model that
+    drop the cache (see `prefix_sharing.scoring_sharing_blocker`). For ZeRO-3/FSDP2 parameters and checkpointing that
+    would drop the cache, a pass with `packed` (`True` or `"inline"`) still shares in inline rows (`score_inline`),
+    which need no cache and no second forward; it runs plain where those do not apply. Passes of a model that
     `prefix_sharing.packing_blocker` names a reason for run padded, and `chunked_logprobs` is off where
     `lm_head.chunked_logprobs_blocker` names one."""
     share = share_prefix and prompt_length - 1 >= min_prefix

@@ -23,11 +23,12 @@ class TiedGradSink:
     Each use registers in the forward (`register`); in the backward, the LM head adds its dense `(V, H)` gradient
     (`add_dense`), each embedding lookup adds its rows in place (`add_rows`, `index_add_`), and the use whose backward
     runs last returns the total (`done`); the others return `None`. Autograd then receives one dense gradient for the
-    weight instead of a dense one and a sparse one per lookup, which it would add out of place (a new `(V, H)`
-    tensor per lookup). The sum is kept in float32 and cast to the weight's dtype once, in `done`: a bf16 weight's
-    gradient is rounded once, not once per addition (each lookup row added to a bf16 sum would round again). If a registered use's backward does not run in a backward pass that ran another's (so the
-    total would never be returned), that backward ends with a `RuntimeError` instead of losing the gradient. The
-    count starts over in every backward pass (autograd's graph task), also after one that failed half-way.
+    weight instead of a dense one and a sparse one per lookup, which it would add out of place (a new `(V, H)` tensor
+    per lookup). The sum is kept in float32 and cast to the weight's dtype once, in `done`: a bf16 weight's gradient is
+    rounded once, not once per addition (each lookup row added to a bf16 sum would round again). If a registered use's
+    backward does not run in a backward pass that ran another's (so the total would never be returned), that backward
+    ends with a `RuntimeError` instead of losing the gradient. The count starts over in every backward pass (autograd's
+    graph task), also after one that failed half-way.
     """
 
     def __init__(self):

@@ -269,33 +269,35 @@ class GRPOConfig(TrainingArguments):
         when training starts (`trl.models.cpu_memory`).
 
         shared_prefix (`bool` or `None`, *optional*, defaults to `None`):
-            `None`: `True` for a CPU run, `False` on CUDA and other accelerators (see above). Compute each distinct prompt once (GRPO repeats it `num_generations` times), on every device: in
-            generation, prefill each distinct prompt once and copy its KV cache to its rows before `generate`; in the
-            log-prob passes (reference, old policy, training forward and backward), run the distinct prompts once
-            and every row's completion on that read-only cache, or packed end to end after its prompt, gradients
-            included. Saves `(P − 1)(N − U)` token positions per pass (P prompt tokens, N rows, U distinct prompts):
-            with ~105-token prompts (a 3.1M-parameter Qwen2, 16 completions of 32 tokens, CPU) generation took 230
-            against TRL's 363 ms a step, the reference pass 79 against 208 ms, the forward-backward 228 against
-            650 ms; with ~5-token prompts nothing changes. Passes where it cannot apply or would not pay run plain, and the INFO log says why once
-            (prompts under 17 tokens, beam search, PEFT prompt learning, sliding-window caches, the MoE router
-            loss's pass, ...); see "Generation paths" and "Shared-prefix scoring" in the docs. `False` runs plain
-            `generate` on the repeated prompts and one plain pass, as TRL does.
+            `None`: `True` for a CPU run, `False` on CUDA and other accelerators (see above). Compute each distinct
+            prompt once (GRPO repeats it `num_generations` times), on every device: in generation, prefill each
+            distinct prompt once and copy its KV cache to its rows before `generate`; in the log-prob passes
+            (reference, old policy, training forward and backward), run the distinct prompts once and every row's
+            completion on that read-only cache, or packed end to end after its prompt, gradients included. Saves `(P −
+            1)(N − U)` token positions per pass (P prompt tokens, N rows, U distinct prompts): with ~105-token prompts
+            (a 3.1M-parameter Qwen2, 16 completions of 32 tokens, CPU) generation took 230 against TRL's 363 ms a step,
+            the reference pass 79 against 208 ms, the forward-backward 228 against 650 ms; with ~5-token prompts
+            nothing changes. Passes where it cannot apply or would not pay run plain, and the INFO log says why once
+            (prompts under 17 tokens, beam search, PEFT prompt learning, sliding-window caches, the MoE router loss's
+            pass, ...); see "Generation paths" and "Shared-prefix scoring" in the docs. `False` runs plain `generate`
+            on the repeated prompts and one plain pass, as TRL does.
         inverse_cdf_sampling (`bool` or `None`, *optional*, defaults to `None`):
-            `None`: `True` for a CPU run, `False` elsewhere. CPU `generate` only: draw each token with one uniform number per row against the float64 cumulative
-            probabilities instead of `torch.multinomial`'s exponential number per vocabulary entry (~1 ms instead of
-            15 ms a decode step at a 49k vocabulary): the same distribution, other tokens than TRL's for a seed, so
-            `False` restores TRL's draws. `torch.multinomial` is replaced only inside a CPU generation and put back
-            on exit.
+            `None`: `True` for a CPU run, `False` elsewhere. CPU `generate` only: draw each token with one uniform
+            number per row against the float64 cumulative probabilities instead of `torch.multinomial`'s exponential
+            number per vocabulary entry (~1 ms instead of 15 ms a decode step at a 49k vocabulary): the same
+            distribution, other tokens than TRL's for a seed, so `False` restores TRL's draws. `torch.multinomial` is
+            replaced only inside a CPU generation and put back on exit.
         chunked_logprobs (`bool` or `None`, *optional*, defaults to `None`):
-            `None`: `True` for a CPU run, `False` on CUDA and other accelerators (see above). Compute the per-token log-probs and entropies from the LM head's input a block of positions at a time
-            (at most 64 MiB of float32 logits each), recomputing each block's logits in the backward, so that the
-            `(completions × completion tokens × vocabulary)` float32 logits, their softmax and their gradient never
-            exist whole, on every device. On SmolLM2-135M at 256 completion tokens the reference pass's peak fell
-            from 7,006 to 5,300 MB and the step's from 8,412 to 7,038 MB. Same values and gradients up to float
-            rounding. Passes run plain for LM heads with a PEFT adapter, sharded heads and models that transform
-            the logits after the head (softcapping, logit scales). A tied input embedding gets its looked-up rows'
-            gradient added in place into the LM head's, with or without this field (not a field: the same
-            gradient up to the order of float additions).
+            `None`: `True` for a CPU run, `False` on CUDA and other accelerators (see above). Compute the per-token
+            log-probs and entropies from the LM head's input a block of positions at a time (at most 64 MiB of float32
+            logits each on the CPU, 512 MiB on accelerators), recomputing each block's logits in the backward, so that
+            the `(completions × completion tokens × vocabulary)` float32 logits, their softmax and their gradient never
+            exist whole, on every device. On SmolLM2-135M at 256 completion tokens the reference pass's peak fell from
+            7,006 to 5,300 MB and the step's from 8,412 to 7,038 MB. Same values and gradients up to float rounding.
+            Passes run plain for LM heads with a PEFT adapter, sharded heads and models that transform the logits after
+            the head (softcapping, logit scales). A tied input embedding gets its looked-up rows' gradient added in
+            place into the LM head's, with or without this field (not a field: the same gradient up to the order of
+            float additions).
         recompute_elementwise_activations (`bool`, *optional*, defaults to `False`):
             In the training forward, on every device, let RMSNorms and SwiGLU MLPs (Llama, Qwen2/3, SmolLM2, ...)
             keep only their inputs and rebuild their element-wise intermediates in the backward
@@ -510,20 +512,21 @@ class GRPOConfig(TrainingArguments):
         default=None,
         metadata={
             "help": "Compute each distinct prompt once, in generation and in the log-prob passes. None: on for CPU "
-            "runs, off on accelerators (not yet verified there)."
+            "runs, off on accelerators (not yet verified there). On the command line: --shared_prefix true|false."
         },
     )
     inverse_cdf_sampling: bool | None = field(
         default=None,
         metadata={
-            "help": "CPU generate: draw tokens by inverse CDF (same distribution, other draws). None: on for CPU runs."
+            "help": "CPU generate: draw tokens by inverse CDF (same distribution, other draws). None: on for CPU runs. "
+            "On the command line: --inverse_cdf_sampling true|false."
         },
     )
     chunked_logprobs: bool | None = field(
         default=None,
         metadata={
             "help": "Compute log-probs and entropies from the LM head's input in blocks of positions. None: on for "
-            "CPU runs, off on accelerators (not yet verified there)."
+            "CPU runs, off on accelerators (not yet verified there). On the command line: --chunked_logprobs true|false."
         },
     )
     recompute_elementwise_activations: bool = field(
@@ -801,7 +804,7 @@ def unsupported_feature_errors(args: GRPOConfig) -> list[str]:
             args.use_liger_kernel,
             "Liger Kernel",
             "neither Liger's fused linear GRPO loss nor the Triton layer kernels that TRL 1.16, which deprecates this "
-            "field, has transformers patch into the model; here `chunked_logprobs`, on by default, keeps the LM "
+            "field, has transformers patch into the model; here `chunked_logprobs` (on by default in CPU runs) keeps the LM "
             "head's logits from existing whole",
         ),
     }

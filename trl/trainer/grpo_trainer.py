@@ -559,8 +559,9 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """`(per_token_logps, entropies, aux_loss)` of the last `logits_to_keep` (L) tokens of the `(N, P + L)`
         `input_ids` under `model` at the sampling temperature, `batch_size` rows per forward (see
-        `grpo_scoring.score_completions`): `(N, L)` float32 log-probs, `(N, L)` float32 entropies (with a gradient
-        when the entropy bonus is on or a subclass overrides the loss) or `None`, and the MoE router loss (scalar) or `None`, as in TRL 1.16.
+        `grpo_scoring.score_completions`): `(N, L)` float32 log-probs, `(N, L)` float32 entropies (with a gradient when
+        the entropy bonus is on or a subclass overrides the loss) or `None`, and the MoE router loss (scalar) or
+        `None`, as in TRL 1.16.
 
         Raises:
             ValueError: for TRL's vision inputs (`pixel_values`, `image_grid_thw`, ...) that are not `None`.
