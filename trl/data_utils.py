@@ -52,6 +52,46 @@ def is_conversational(example: dict[str, Any]) -> bool:
     return key is not None and _is_message_list(example[key])
 
 
+def is_prefill(prompt: Any) -> bool:
+    """Whether a prompt is a prefill: a list of messages whose last one is from `assistant` (e.g. `[{"role": "user",
+    "content": "3 + 4?"}, {"role": "assistant", "content": "The answer is"}]`), which the model is to continue rather
+    than answer in a new turn. Text prompts and empty lists are not prefills."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and isinstance(prompt[-1], dict)
+        and prompt[-1].get("role") == "assistant"
+    )
+
+
+def prompt_template_flags(prompt: list[dict]) -> dict[str, bool]:
+    """The `apply_chat_template` flags that render a conversational prompt for generation: a prefill (see
+    [`is_prefill`]) is left open (`continue_final_message=True`, no generation prompt), any other prompt gets the
+    generation prompt (a new assistant turn opened after it)."""
+    prefill = is_prefill(prompt)
+    return {"add_generation_prompt": not prefill, "continue_final_message": prefill}
+
+
+def conversation_with_completion(prompt: list[dict], completion: list[dict]) -> list[dict]:
+    """A conversational prompt and its completion as one conversation, as a reward model reads it.
+
+    Args:
+        prompt (`list[dict]`): the prompt's messages.
+        completion (`list[dict]`): the completion's messages, `[{"role": "assistant", "content": text}]` as reward
+            functions receive it.
+
+    Returns:
+        `list[dict]`: `prompt + completion`, except for a prefill (see [`is_prefill`]): its final assistant message
+        and the completion's first message become one assistant message whose content is the prefill followed by
+        the completion's text (`"The answer is"` + `" 7"`), so the prefill appears once, in the turn the model
+        continued. The inputs are not modified.
+    """
+    if not (is_prefill(prompt) and completion):
+        return prompt + completion
+    merged = {**prompt[-1], "content": prompt[-1]["content"] + completion[0]["content"]}
+    return [*prompt[:-1], merged, *completion[1:]]
+
+
 def _render(processing_class, messages: list[dict], tools, kwargs: dict, **flags) -> str:
     """`processing_class.apply_chat_template(messages, tokenize=False, ...)` as one string."""
     return processing_class.apply_chat_template(messages, tools=tools, tokenize=False, **flags, **kwargs)
@@ -121,15 +161,7 @@ def apply_chat_template(
         last_role = prompt_messages[-1]["role"]
         if last_role not in ("user", "tool", "assistant"):
             raise ValueError(f"Invalid role in the last message: {last_role}")
-        opens_answer = last_role != "assistant"
-        prompt = _render(
-            processing_class,
-            prompt_messages,
-            tools,
-            kwargs,
-            add_generation_prompt=opens_answer,
-            continue_final_message=not opens_answer,
-        )
+        prompt = _render(processing_class, prompt_messages, tools, kwargs, **prompt_template_flags(prompt_messages))
         answers = {}
         for key in ("chosen", "rejected", "completion"):
             if key in example:
