@@ -1,7 +1,8 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Per-example dataset helpers with the names and behaviour of TRL 1.16's `trl.data_utils`: tell conversational
 examples from plain-text ones, render them with a chat template, split implicit prompts off preference pairs, and
-convert ShareGPT-style `from`/`value` messages to ChatML `role`/`content`.
+convert ShareGPT-style `from`/`value` messages to ChatML `role`/`content`. Three helpers of ours decide how a prefill
+(a prompt ending with an assistant message) is rendered, for the trainer and its reward models as for these.
 
 Every function takes one example (a `dict`, as `datasets.Dataset.map` passes it) and returns a `dict`, so each can
 be used as `dataset.map(fn)` or `dataset.map(fn, fn_kwargs={"processing_class": tokenizer})`.
