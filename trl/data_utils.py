@@ -4,8 +4,8 @@ examples from plain-text ones, render them with a chat template, split implicit 
 convert ShareGPT-style `from`/`value` messages to ChatML `role`/`content`. Three helpers of ours decide how a prefill
 (a prompt ending with an assistant message) is rendered, for the trainer and its reward models as for these.
 
-Every dataset helper takes one example (a `dict`, as `datasets.Dataset.map` passes it) and returns a `dict`, so each can
-be used as `dataset.map(fn)` or `dataset.map(fn, fn_kwargs={"processing_class": tokenizer})`.
+Every dataset helper takes one example (a `dict`, as `datasets.Dataset.map` passes it) and returns a `dict`, so each
+can be used as `dataset.map(fn)` or `dataset.map(fn, fn_kwargs={"processing_class": tokenizer})`.
 """
 
 from collections.abc import Callable, Sequence
