@@ -1,10 +1,11 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """Per-example dataset helpers with the names and behaviour of TRL 1.16's `trl.data_utils`: tell conversational
 examples from plain-text ones, render them with a chat template, split implicit prompts off preference pairs, and
-convert ShareGPT-style `from`/`value` messages to ChatML `role`/`content`.
+convert ShareGPT-style `from`/`value` messages to ChatML `role`/`content`. Three helpers of ours decide how a prefill
+(a prompt ending with an assistant message) is rendered, for the trainer and its reward models as for these.
 
-Every function takes one example (a `dict`, as `datasets.Dataset.map` passes it) and returns a `dict`, so each can
-be used as `dataset.map(fn)` or `dataset.map(fn, fn_kwargs={"processing_class": tokenizer})`.
+Every dataset helper takes one example (a `dict`, as `datasets.Dataset.map` passes it) and returns a `dict`, so each
+can be used as `dataset.map(fn)` or `dataset.map(fn, fn_kwargs={"processing_class": tokenizer})`.
 """
 
 from collections.abc import Callable, Sequence
@@ -50,6 +51,46 @@ def is_conversational(example: dict[str, Any]) -> bool:
     """
     key = next((key for key in MESSAGE_KEYS if key in example), None)
     return key is not None and _is_message_list(example[key])
+
+
+def is_prefill(prompt: Any) -> bool:
+    """Whether a prompt is a prefill: a list of messages whose last one is from `assistant` (e.g. `[{"role": "user",
+    "content": "3 + 4?"}, {"role": "assistant", "content": "The answer is"}]`), which the model is to continue rather
+    than answer in a new turn. Text prompts and empty lists are not prefills."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and isinstance(prompt[-1], dict)
+        and prompt[-1].get("role") == "assistant"
+    )
+
+
+def prompt_template_flags(prompt: list[dict]) -> dict[str, bool]:
+    """The `apply_chat_template` flags that render a conversational prompt for generation: a prefill (see
+    [`is_prefill`]) is left open (`continue_final_message=True`, no generation prompt), any other prompt gets the
+    generation prompt (a new assistant turn opened after it)."""
+    prefill = is_prefill(prompt)
+    return {"add_generation_prompt": not prefill, "continue_final_message": prefill}
+
+
+def conversation_with_completion(prompt: list[dict], completion: list[dict]) -> list[dict]:
+    """A conversational prompt and its completion as one conversation, as a reward model reads it.
+
+    Args:
+        prompt (`list[dict]`): the prompt's messages.
+        completion (`list[dict]`): the completion's messages, `[{"role": "assistant", "content": text}]` as reward
+            functions receive it.
+
+    Returns:
+        `list[dict]`: `prompt + completion`, except for a prefill (see [`is_prefill`]): its final assistant message
+        and the completion's first message become one assistant message whose content is the prefill followed by
+        the completion's text (`"The answer is"` + `" 7"`), so the prefill appears once, in the turn the model
+        continued. The inputs are not modified.
+    """
+    if not (is_prefill(prompt) and completion):
+        return prompt + completion
+    merged = {**prompt[-1], "content": prompt[-1]["content"] + completion[0]["content"]}
+    return [*prompt[:-1], merged, *completion[1:]]
 
 
 def _render(processing_class, messages: list[dict], tools, kwargs: dict, **flags) -> str:
@@ -121,15 +162,7 @@ def apply_chat_template(
         last_role = prompt_messages[-1]["role"]
         if last_role not in ("user", "tool", "assistant"):
             raise ValueError(f"Invalid role in the last message: {last_role}")
-        opens_answer = last_role != "assistant"
-        prompt = _render(
-            processing_class,
-            prompt_messages,
-            tools,
-            kwargs,
-            add_generation_prompt=opens_answer,
-            continue_final_message=not opens_answer,
-        )
+        prompt = _render(processing_class, prompt_messages, tools, kwargs, **prompt_template_flags(prompt_messages))
         answers = {}
         for key in ("chosen", "rejected", "completion"):
             if key in example:

@@ -267,7 +267,8 @@ def decode_completion_lists(
     completion_ids: list[list[int]], tokenizer: PreTrainedTokenizerBase, conversational: bool = False
 ) -> list:
     """What reward functions receive: each completion decoded with special tokens skipped, as a text, or as
-    `[{"role": "assistant", "content": text}]` for conversational prompts (TRL 1.16's `completions`)."""
+    `[{"role": "assistant", "content": text}]` for conversational prompts (TRL 1.16's `completions`); after a
+    prefilled prompt (last message from `assistant`) the text is only what the model added to it."""
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
 

@@ -17,6 +17,8 @@ from torch.utils.data import Sampler
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging
 
+from ..data_utils import is_prefill, prompt_template_flags
+
 
 logger = logging.get_logger(__name__)
 
@@ -132,17 +134,57 @@ def stop_token_ids(tokenizer_eos_token_id: int | None, model_eos_token_id: int |
     return ids
 
 
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompts: list[list[dict]], kwargs: dict[str, Any]) -> list:
+    """Token ids of B conversational prompts rendered with the chat template: a prompt that ends with an assistant
+    message (a prefill, `data_utils.is_prefill`) is continued (`continue_final_message=True`, no generation prompt),
+    so its ids end with the prefill's text; the others get the generation prompt, in one batched call as before.
+    Each prefill is rendered on its own so that an error names it.
+
+    Raises:
+        ValueError: if the chat template cannot continue a prefill (transformers' message, with the prompt's index).
+    """
+    ids = [None] * len(prompts)
+    opened = [i for i, prompt in enumerate(prompts) if not is_prefill(prompt)]
+    if opened:
+        encoded = tokenizer.apply_chat_template(
+            [prompts[i] for i in opened],
+            tokenize=True,
+            return_dict=True,
+            **prompt_template_flags(prompts[opened[0]]),
+            **kwargs,
+        )
+        for i, row in zip(opened, encoded["input_ids"]):
+            ids[i] = list(row)
+    for i, prompt in enumerate(prompts):
+        if ids[i] is not None:
+            continue
+        try:
+            encoded = tokenizer.apply_chat_template(
+                [prompt], tokenize=True, return_dict=True, **prompt_template_flags(prompt), **kwargs
+            )
+        except ValueError as error:
+            raise ValueError(
+                f"Prompt {i} of the batch ends with an assistant message (a prefill, which the model continues), but "
+                f"the chat template could not render it with continue_final_message=True: {error}"
+            ) from error
+        ids[i] = list(encoded["input_ids"][0])
+    return ids
+
+
 def tokenize_prompts(
     tokenizer: PreTrainedTokenizerBase,
     prompts: list,
     max_prompt_length: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[list[int]], torch.Tensor]:
-    """Token ids of a batch of prompts, exactly as TRL 1.16 tokenizes them (unpadded: `grpo_generation.left_pad` pads).
+    """Token ids of a batch of prompts, as TRL 1.16 tokenizes them except for prefills (unpadded:
+    `grpo_generation.left_pad` pads).
 
     Standard (text) prompts go through `tokenizer(text)`, which adds the tokenizer's special tokens (the BOS of
     Llama-style tokenizers). Conversational prompts (lists of messages) go through `apply_chat_template` with the
-    generation prompt, which adds only what the template writes (a BOS, a default system turn...). With
+    generation prompt, which adds only what the template writes (a BOS, a default system turn...); a prompt whose
+    last message is from `assistant` is a prefill, continued instead (see `chat_prompt_ids`; TRL 1.16 opens a new
+    assistant turn after it). With
     `max_prompt_length`, longer prompts keep their last `max_prompt_length` tokens and a warning counts them.
 
     Args:
@@ -156,12 +198,9 @@ def tokenize_prompts(
     """
     conversational = isinstance(prompts[0], list)
     if conversational:
-        encoded = tokenizer.apply_chat_template(
-            prompts, add_generation_prompt=True, tokenize=True, return_dict=True, **(chat_template_kwargs or {})
-        )
+        ids = chat_prompt_ids(tokenizer, prompts, chat_template_kwargs or {})
     else:
-        encoded = tokenizer(text=prompts)
-    ids = [list(row) for row in encoded["input_ids"]]
+        ids = [list(row) for row in tokenizer(text=prompts)["input_ids"]]
     truncated = torch.tensor([max_prompt_length is not None and len(row) > max_prompt_length for row in ids])
     if truncated.any():
         logger.warning(

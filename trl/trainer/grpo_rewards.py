@@ -23,6 +23,7 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging
 
+from ..data_utils import conversation_with_completion
 from ..models.utils import explain_missing_path
 from .grpo_config import MULTI_OBJECTIVE_AGGREGATIONS
 from .grpo_losses import group_advantages
@@ -198,12 +199,17 @@ def reward_model_inputs(
     """What a sequence-classification reward model reads for each prompt + completion: `input_ids` and
     `attention_mask`, `(N, T)` int64, right-padded.
 
-    Conversational pairs (lists of messages) are rendered with the reward tokenizer's chat template and
-    `chat_template_kwargs`; text pairs are concatenated.
+    Conversational pairs (lists of messages) are rendered as one conversation with the reward tokenizer's chat
+    template and `chat_template_kwargs`; a prefilled prompt (last message from `assistant`) and its completion share
+    one assistant message, the prefill followed by the completion's text (`data_utils.conversation_with_completion`).
+    Text pairs are concatenated.
     """
     if isinstance(prompts[0], list):
         kwargs = chat_template_kwargs or {}
-        texts = [tokenizer.apply_chat_template(p + c, tokenize=False, **kwargs) for p, c in zip(prompts, completions)]
+        texts = [
+            tokenizer.apply_chat_template(conversation_with_completion(p, c), tokenize=False, **kwargs)
+            for p, c in zip(prompts, completions)
+        ]
     else:
         texts = [p + c for p, c in zip(prompts, completions)]
     return tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False).to(
