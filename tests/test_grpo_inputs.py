@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from datasets import Dataset
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -307,3 +308,85 @@ def test_reward_columns_and_conversational_prompts():
     assert not is_conversational(batch[0])
     assert is_conversational({"prompt": [{"role": "user", "content": "hi"}]})
     assert not is_conversational({"prompt": []})
+
+
+# ---------------------------------------------------------------- datasets too small for one batch; data_seed
+
+
+def constant_reward(completions, **kwargs) -> list[float]:
+    return [0.0] * len(completions)
+
+
+def test_train_dataset_smaller_than_a_generation_batch_raises_at_init(tiny_lm_path, grpo_kwargs):
+    """Before any generation: with 8 completions per generation batch (4 × 1 process × 2 steps) of 4 per prompt,
+    one prompt (or none) cannot fill a batch; `RepeatSampler` would drop it and training would take no step."""
+    args = GRPOConfig(**grpo_kwargs)
+    batch = (
+        "one generation batch needs 2 distinct prompts (generation_batch_size 8 = per_device_train_batch_size 4 × 1 "
+        "processes × steps_per_generation 2, divided by num_generations 4), so training would take no step. Add "
+        "prompts, or lower per_device_train_batch_size or steps_per_generation (generation_batch_size), or raise "
+        "num_generations."
+    )
+    for prompts, count in ((["1+1="], "1 prompt"), ([], "0 prompts")):
+        dataset = Dataset.from_dict({"prompt": prompts})
+        with pytest.raises(ValueError) as error:
+            GRPOTrainer(tiny_lm_path, constant_reward, args=args, train_dataset=dataset)
+        assert str(error.value) == f"train_dataset has {count}, but {batch}"
+    two = Dataset.from_dict({"prompt": ["1+1=", "2+2="]})
+    assert len(GRPOTrainer(tiny_lm_path, constant_reward, args=args, train_dataset=two).get_train_dataloader()) == 2
+
+
+def test_eval_dataset_too_small_for_one_eval_batch_raises(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """An empty eval dataset raises (at init, or when given to `evaluate`); a smaller one than an eval batch (8 × 1
+    process / 4 = 2 prompts) only with `dataloader_drop_last=True`, which would drop its only, incomplete batch."""
+    one, empty = Dataset.from_dict({"prompt": ["1+1="]}), Dataset.from_dict({"prompt": []})
+    args = GRPOConfig(**grpo_kwargs)
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer(tiny_lm_path, constant_reward, args=args, train_dataset=arithmetic_dataset, eval_dataset=empty)
+    empty_message = (
+        "eval_dataset has 0 prompts: evaluation would generate nothing. Add prompts, or pass no eval_dataset."
+    )
+    assert str(error.value) == empty_message
+    trainer = GRPOTrainer(tiny_lm_path, constant_reward, args=args, train_dataset=arithmetic_dataset, eval_dataset=one)
+    assert [len(batch) for batch in trainer.get_eval_dataloader()] == [4]  # one partial batch: the prompt × 4
+    with pytest.raises(ValueError) as error:
+        trainer.evaluate(eval_dataset=empty)  # given to evaluate() only
+    assert str(error.value) == empty_message
+    args = GRPOConfig(**grpo_kwargs, dataloader_drop_last=True)
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer(
+            tiny_lm_path, constant_reward, args=args, train_dataset=arithmetic_dataset, eval_dataset={"small": one}
+        )
+    assert str(error.value) == (
+        "eval_dataset['small'] has 1 prompt, but one eval batch needs 2 (per_device_eval_batch_size 8 × 1 processes "
+        "/ num_generations_eval 4) and dataloader_drop_last=True drops an incomplete batch, so evaluation would "
+        "generate nothing. Add prompts, lower per_device_eval_batch_size, raise num_generations_eval, or set "
+        "dataloader_drop_last=False."
+    )
+
+
+def _loader_prompts(loader) -> list[str]:
+    return [row["prompt"] for batch in loader for row in batch]
+
+
+def test_data_seed_alone_decides_the_train_and_eval_prompt_order(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    """What the trainer reads (its train and eval dataloaders) with `data_seed` set depends on it and not on `seed`;
+    unset, the order is `seed`'s, as before `data_seed` was read (TRL 1.16 never reads it)."""
+    prompts = arithmetic_dataset["prompt"]
+
+    def orders(seed, data_seed):
+        args = GRPOConfig(**{**grpo_kwargs, "seed": seed, "beta": 0.0}, data_seed=data_seed)
+        trainer = GRPOTrainer(
+            tiny_lm_path, constant_reward, args=args, train_dataset=arithmetic_dataset, eval_dataset=arithmetic_dataset
+        )
+        return _loader_prompts(trainer.get_train_dataloader()), _loader_prompts(trainer.get_eval_dataloader())
+
+    def expected(seed):  # 2 prompts per generation batch, each read by 2 micro-steps; eval: every prompt once
+        train = RepeatSampler(range(64), mini_repeat_count=4, batch_size=2, repeat_count=2, seed=seed)
+        evaluation = RepeatSampler(range(64), mini_repeat_count=4, seed=seed)
+        return [prompts[i] for i in train], [prompts[i] for i in evaluation]
+
+    assert orders(seed=7, data_seed=None) == expected(7)
+    assert orders(seed=0, data_seed=1) == orders(seed=5, data_seed=1) == expected(1)
+    assert orders(seed=0, data_seed=2) == expected(2)
+    assert expected(1)[0][:8] != expected(2)[0][:8] and expected(1)[1][:8] != expected(2)[1][:8]

@@ -22,7 +22,9 @@ from trl.trainer.grpo_inputs import (
     STREAM_WORKERS_PHRASE,
     RepeatSampler,
     check_prompt_datasets,
+    eval_stream,
     repeat_iterable_dataset,
+    train_stream,
 )
 
 
@@ -253,6 +255,49 @@ def test_stream_without_max_steps_raises(tiny_lm_path, tmp_path):
         "Set GRPOConfig(max_steps=...) (`--max_steps` on the command line): each optimizer step trains on 8 completions per process"
         in message
     )
+
+
+def no_rows():
+    yield from ()
+
+
+def test_stream_too_small_for_one_batch_raises_at_its_first_batch(tiny_lm_path, tmp_path):
+    """A stream has no length to check at init: 3 prompts, when a generation batch needs 4 (8 completions / 2),
+    raise when the stream is first read, before anything is generated; an empty eval stream likewise."""
+    recorder = PromptRecorder()
+    trainer = GRPOTrainer(tiny_lm_path, recorder, args=config(tmp_path), train_dataset=stream(PROMPTS[:3]))
+    with pytest.raises(ValueError) as error:
+        trainer.train()
+    assert str(error.value) == (
+        "train_dataset (a stream) has fewer than 4 prompts, but one generation batch needs 4 distinct prompts "
+        "(generation_batch_size 8 = per_device_train_batch_size 4 × 1 processes × steps_per_generation 2, divided "
+        "by num_generations 2), so training would take no step. Add prompts, or lower per_device_train_batch_size "
+        "or steps_per_generation (generation_batch_size), or raise num_generations."
+    )
+    with pytest.raises(ValueError) as error:
+        trainer.evaluate(eval_dataset=IterableDataset.from_generator(no_rows))
+    assert str(error.value) == "eval_dataset (a stream) has 0 prompts: evaluation would generate nothing. Add prompts."
+    assert recorder.calls == []
+
+
+def test_data_seed_alone_decides_the_order_of_streams(tmp_path):
+    """The train and eval streams' shuffle buffers are seeded with `data_seed` when it is set, else `seed`."""
+
+    def orders(seed, data_seed):
+        args = config(tmp_path, seed=seed, data_seed=data_seed)
+        train_rows = [row["index"] for row in train_stream(stream(), args, num_generations=2)]
+        loader_config = type("DataLoaderConfig", (), {"dispatch_batches": None})()
+        eval_rows = [row["index"] for row in eval_stream(stream(), args, loader_config, num_generations_eval=2)]
+        return train_rows, eval_rows
+
+    def expected(seed):  # each generation batch of 4 prompts read by 2 micro-steps; eval: each prompt once
+        shuffled = [row["index"] for row in stream().shuffle(seed=seed)]
+        train_rows = [i for k in range(4) for _ in range(2) for i in shuffled[4 * k : 4 * k + 4] for _ in range(2)]
+        return train_rows, [i for i in shuffled for _ in range(2)]
+
+    assert orders(seed=3, data_seed=None) == expected(3)
+    assert orders(seed=0, data_seed=1) == orders(seed=5, data_seed=1) == expected(1) != expected(2)
+    assert orders(seed=0, data_seed=2) == expected(2)
 
 
 def test_map_style_with_loader_workers_trains_on_the_same_prompts(tiny_lm_path, tmp_path, map_style_run):

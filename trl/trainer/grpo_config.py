@@ -83,7 +83,8 @@ class GRPOConfig(TrainingArguments):
         max_completion_length (`int`, *optional*, defaults to `512`):
             Maximum number of tokens per completion.
         shuffle_dataset (`bool`, *optional*, defaults to `True`):
-            Shuffle the training prompts (seeded by `seed`).
+            Shuffle the training prompts, seeded by `data_seed` when it is set (the prompt order of training and
+            evaluation then depends on it alone), else by `seed`.
         steps_per_generation (`int` or `None`, *optional*):
             Number of micro-batches each generation batch is split into. Defaults to `gradient_accumulation_steps`.
             Mutually exclusive with `generation_batch_size`.

@@ -299,6 +299,66 @@ def check_prompt_datasets(train_dataset, eval_dataset=None) -> None:
             raise ValueError(f"{name} needs a 'prompt' column; it has {columns}.")
 
 
+def prompts_per_generation_batch(args) -> int:
+    """Distinct prompts in one training generation batch: `generation_batch_size / num_generations`."""
+    return args.generation_batch_size // args.num_generations
+
+
+def prompt_count(count: int) -> str:
+    """`count` in words: "1 prompt", "3 prompts"."""
+    return f"{count} prompt" if count == 1 else f"{count} prompts"
+
+
+def too_few_train_prompts_message(name: str, count: str, args) -> str:
+    """What a user sees when `name` holds `count` (e.g. "1 prompt"), fewer than one generation batch needs."""
+    return (
+        f"{name} has {count}, but one generation batch needs {prompts_per_generation_batch(args)} distinct "
+        f"prompts (generation_batch_size {args.generation_batch_size} = per_device_train_batch_size "
+        f"{args.per_device_train_batch_size} × {args.world_size} processes × steps_per_generation "
+        f"{args.steps_per_generation}, divided by num_generations {args.num_generations}), so training would take "
+        "no step. Add prompts, or lower per_device_train_batch_size or steps_per_generation (generation_batch_size), "
+        "or raise num_generations."
+    )
+
+
+def check_prompt_counts(args, train_dataset, eval_dataset=None) -> None:
+    """Raise a `ValueError` for a dataset too small to give one batch, before anything is generated.
+
+    Only datasets with a length are checked (a `datasets.IterableDataset` has none: `train_stream` and
+    `eval_stream` raise the same error when the stream ends before its first batch).
+
+    - `train_dataset` must hold at least one generation batch of distinct prompts (`generation_batch_size /
+      num_generations`): `RepeatSampler` drops an incomplete batch, so fewer prompts give no training step.
+    - Each eval dataset (a dict of named ones included) must hold a prompt; with `dataloader_drop_last=True`, at
+      least one eval batch of prompts (`per_device_eval_batch_size × num_processes / num_generations_eval`), as the
+      incomplete batch is dropped. Without it a smaller eval dataset is evaluated whole in one partial batch.
+    """
+    if isinstance(train_dataset, Sized) and not isinstance(train_dataset, IterableDataset):
+        if len(train_dataset) < prompts_per_generation_batch(args):
+            raise ValueError(too_few_train_prompts_message("train_dataset", prompt_count(len(train_dataset)), args))
+    named = list(eval_dataset.items()) if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+    eval_rows = args.per_device_eval_batch_size * args.world_size
+    num_generations_eval = args.num_generations_eval or args.num_generations
+    for key, dataset in named:
+        if not isinstance(dataset, Sized) or isinstance(dataset, IterableDataset):
+            continue
+        name = "eval_dataset" if key is None else f"eval_dataset[{key!r}]"
+        if len(dataset) == 0:
+            raise ValueError(
+                f"{name} has 0 prompts: evaluation would generate nothing. Add prompts, or pass no {name}."
+            )
+        if args.dataloader_drop_last and eval_rows % num_generations_eval == 0:
+            needed = eval_rows // num_generations_eval
+            if len(dataset) < needed:
+                raise ValueError(
+                    f"{name} has {prompt_count(len(dataset))}, but one eval batch needs {needed} "
+                    f"(per_device_eval_batch_size {args.per_device_eval_batch_size} × {args.world_size} processes / "
+                    f"num_generations_eval {num_generations_eval}) and dataloader_drop_last=True drops an incomplete "
+                    "batch, so evaluation would generate nothing. Add prompts, lower per_device_eval_batch_size, "
+                    "raise num_generations_eval, or set dataloader_drop_last=False."
+                )
+
+
 def check_eval_batch(per_device_eval_batch_size: int, num_processes: int, num_generations_eval: int) -> None:
     """Raise a `ValueError` unless the global eval batch holds whole groups of `num_generations_eval` completions."""
     if (per_device_eval_batch_size * num_processes) % num_generations_eval:
@@ -356,14 +416,20 @@ class WholeStream(TorchIterableDataset):
     Handed a `datasets.IterableDataset` with at least as many file shards as processes, accelerate would instead
     give each process its own shards, and each would assemble generation batches from its own prompts: with
     `num_iterations × steps_per_generation > 1` the repeats of a chunk then land on different steps of a process
-    and prompts are skipped. `set_epoch` is passed on (an upstream `shuffle` reshuffles per epoch).
+    and prompts are skipped. `set_epoch` is passed on (an upstream `shuffle` reshuffles per epoch). With
+    `empty_message`, a pass that yields no row raises a `ValueError` with it (a stream too small for one batch).
     """
 
-    def __init__(self, dataset: IterableDataset):
+    def __init__(self, dataset: IterableDataset, empty_message: str | None = None):
         self.dataset = dataset
+        self.empty_message = empty_message  # a `ValueError` when a pass over the stream yields no row
 
     def __iter__(self):
-        return iter(self.dataset)
+        rows = 0
+        for rows, row in enumerate(self.dataset, 1):
+            yield row
+        if rows == 0 and self.empty_message is not None:
+            raise ValueError(self.empty_message)
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -445,26 +511,49 @@ def prompt_order(args, num_generations: int) -> dict[str, int]:
     }
 
 
+def data_order_seed(args) -> int:
+    """The seed of the prompt order (the train and eval samplers' permutations, the streams' shuffle buffers):
+    `data_seed` when set, else `seed`. It is a config value, so every process draws the same global order."""
+    return args.seed if args.data_seed is None else args.data_seed
+
+
 def train_sampler(dataset: Sized, args, num_generations: int) -> RepeatSampler:
-    """The sampler of a map-style train dataset: `prompt_order`, shuffled with `seed` when `shuffle_dataset`."""
-    return RepeatSampler(dataset, **prompt_order(args, num_generations), shuffle=args.shuffle_dataset, seed=args.seed)
+    """The sampler of a map-style train dataset: `prompt_order`, shuffled with `data_order_seed` when
+    `shuffle_dataset`."""
+    order = prompt_order(args, num_generations)
+    return RepeatSampler(dataset, **order, shuffle=args.shuffle_dataset, seed=data_order_seed(args))
+
+
+def eval_sampler(dataset: Sized, args, num_generations_eval: int) -> RepeatSampler:
+    """The sampler of a map-style eval dataset: every prompt `num_generations_eval` times in a row, in TRL's seeded
+    order (a permutation with `data_order_seed`, the same at every evaluation)."""
+    return RepeatSampler(dataset, mini_repeat_count=num_generations_eval, seed=data_order_seed(args))
 
 
 def train_stream(dataset: IterableDataset, args, num_generations: int) -> WholeStream:
-    """A train stream in `prompt_order` (after a buffered shuffle with `seed` when `shuffle_dataset`), read whole by
-    every process, which keeps its slice of each batch."""
-    dataset = dataset.shuffle(seed=args.seed) if args.shuffle_dataset else dataset
-    return WholeStream(repeat_iterable_dataset(dataset, **prompt_order(args, num_generations)))
+    """A train stream in `prompt_order` (after a buffered shuffle with `data_order_seed` when `shuffle_dataset`),
+    read whole by every process, which keeps its slice of each batch.
+
+    Raises:
+        ValueError: when reading, if the stream ends before one generation batch is full.
+    """
+    dataset = dataset.shuffle(seed=data_order_seed(args)) if args.shuffle_dataset else dataset
+    too_small = too_few_train_prompts_message(
+        "train_dataset (a stream)", f"fewer than {prompts_per_generation_batch(args)} prompts", args
+    )
+    return WholeStream(repeat_iterable_dataset(dataset, **prompt_order(args, num_generations)), too_small)
 
 
 def eval_stream(dataset: IterableDataset, args, dataloader_config, num_generations_eval: int) -> WholeStream:
     """An eval stream (one given to `evaluate` only is checked here, `check_stream_settings`), with accelerate's
-    `dataloader_config.dispatch_batches` off, shuffled (buffered, `seed`) and each prompt repeated
+    `dataloader_config.dispatch_batches` off, shuffled (buffered, `data_order_seed`) and each prompt repeated
     `num_generations_eval` times in a row, read whole by every process.
 
     Raises:
-        ValueError: for `accelerator_config.dispatch_batches=True`.
+        ValueError: for `accelerator_config.dispatch_batches=True`; when reading, for a stream with no prompt.
     """
     check_stream_settings(args, None, dataset)
     dataloader_config.dispatch_batches = False
-    return WholeStream(repeat_iterable_dataset(dataset.shuffle(seed=args.seed), num_generations_eval))
+    empty = "eval_dataset (a stream) has 0 prompts: evaluation would generate nothing. Add prompts."
+    shuffled = dataset.shuffle(seed=data_order_seed(args))
+    return WholeStream(repeat_iterable_dataset(shuffled, num_generations_eval), empty)

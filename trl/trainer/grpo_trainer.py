@@ -53,11 +53,12 @@ from .entropy_control import EntropyCoefficient
 from .grpo_checkpoint import GenerationBuffer, add_missing_callback_states
 from .grpo_config import GRPOConfig
 from .grpo_inputs import (
-    RepeatSampler,
     by_passes,
     check_eval_batch,
+    check_prompt_counts,
     check_prompt_datasets,
     check_stream_settings,
+    eval_sampler,
     eval_stream,
     micro_steps_done,
     reward_columns,
@@ -156,7 +157,10 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         ValueError: without reward functions or `train_dataset`, for reward weights or processing classes that do not
             match the reward functions, a dataset without `"prompt"`, or an eval batch that is not divisible by
             `num_generations_eval` (or `num_generations`); for a stream with `dispatch_batches=True` or a train stream
-            without `max_steps`.
+            without `max_steps`; for a dataset with a length too small for one batch: a `train_dataset` with fewer
+            prompts than one generation batch needs (`generation_batch_size / num_generations`), an empty eval
+            dataset, or, with `dataloader_drop_last=True`, one smaller than an eval batch (a stream raises the same
+            when it is read and ends before its first batch).
         TypeError: if the class overrides a TRL 1.16 method that this trainer never calls (`trl_compat`).
     """
 
@@ -193,6 +197,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self._reward_loop = RewardEventLoop() if any(map(is_async_reward_func, self.reward_funcs)) else None
         self._reward_hooks = RewardLogHooks()
         check_prompt_datasets(train_dataset, eval_dataset)
+        check_prompt_counts(args, train_dataset, eval_dataset)  # before any generation
         check_reward_columns(self.reward_funcs, self.reward_func_names, train_dataset, eval_dataset)
         check_stream_settings(args, train_dataset, eval_dataset)  # before the accelerator is built
 
@@ -275,7 +280,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         return train_sampler(dataset, self.args, self.num_generations)
 
     def _get_eval_sampler(self, eval_dataset) -> Sampler:  # seeded shuffle: TRL's eval prompt order
-        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, seed=self.args.seed)
+        return eval_sampler(eval_dataset, self.args, self.num_generations_eval)
 
     def get_train_dataloader(self):
         """One item = one local generation batch (`_train_batch_size` rows). A map-style dataset gets `RepeatSampler`;
@@ -286,16 +291,18 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         return self._get_dataloader(dataset, "Training", self._train_batch_size, self._get_train_sampler, True)
 
     def get_eval_dataloader(self, eval_dataset: str | Dataset | IterableDataset | None = None):
-        """As `Trainer`'s for a map-style dataset; a stream is shuffled (buffered, `seed`) and each prompt repeated
-        `num_generations_eval` times in a row, read without loader workers.
+        """As `Trainer`'s for a map-style dataset; a stream is shuffled (buffered, `data_seed` or `seed`) and each
+        prompt repeated `num_generations_eval` times in a row, read without loader workers.
 
         Raises:
-            ValueError: for a stream with `accelerator_config.dispatch_batches=True`.
+            ValueError: for a stream with `accelerator_config.dispatch_batches=True`; for a dataset too small for one
+                eval batch (`grpo_inputs.check_prompt_counts`; a stream when it is read).
         """
         named = isinstance(eval_dataset, str)
         dataset = self.eval_dataset[eval_dataset] if named else eval_dataset
         dataset = self.eval_dataset if dataset is None else dataset
         if not isinstance(dataset, IterableDataset):
+            check_prompt_counts(self.args, None, dataset)  # also a dataset given to `evaluate` only
             return super().get_eval_dataloader(eval_dataset)
         stream = eval_stream(dataset, self.args, self.accelerator.dataloader_config, self.num_generations_eval)
         with single_process_loading(self.args):
