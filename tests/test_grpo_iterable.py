@@ -327,7 +327,6 @@ def test_evaluation_from_a_stream(tiny_lm_path, tmp_path):
         eval_dataset={"stream": stream(eval_prompts), "map": Dataset.from_dict({"prompt": eval_prompts})},
     )
     assert trainer.accelerator.dataloader_config.dispatch_batches is False  # an eval stream is enough
-    recorder.callsuating = True
     loader = trainer.get_eval_dataloader("stream")
     assert loader.num_workers == 0 and trainer.args.dataloader_num_workers == 2
     metrics = trainer.evaluate()
