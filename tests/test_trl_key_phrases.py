@@ -56,7 +56,7 @@ KEY_PHRASES = {
     "vespo_sequence_level": r"VESPO computes sequence-level importance weights internally",
     "sequence_level_token_sum_loss": r"the `'dapo'` loss sums per-token contributions",
     # rewards and advantages
-    "all_rewards_none": r"All reward functions returned None",
+    "all_rewards_none": r"All reward functions returned None for the following kwargs:",
     "reward_count_mismatch": r"returned 3 rewards, but 4 were expected",
     "unknown_scale_rewards": r"Invalid value for scale_rewards: bogus",
     "unknown_multi_objective_aggregation": r"Invalid multi_objective_aggregation: bogus",

@@ -1,16 +1,18 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """What subclasses written for TRL 1.16's `GRPOTrainer` read and override, beyond the steps of the trainer itself:
 `compute_loss` → `_compute_loss`, the entropy and off-policy masks, the reward-logging hooks, the entropy coefficient,
-the generation batch and its micro-step (`_buffered_inputs`, `_step`), the config-valued attributes, and a check that
-no override of a TRL method this trainer never calls is silently ignored."""
+the generation batch and its micro-step (`_buffered_inputs`, `_step`), the config-valued attributes, the attributes of
+features not supported here (their "off" values), and a check that no override of a TRL method this trainer never
+calls is silently ignored."""
 
 import os
+import sys
 from functools import partial
 
 import torch
 
 from .grpo_config import GRPOConfig
-from .grpo_losses import high_entropy_mask, off_policy_sequence_mask
+from .grpo_losses import high_entropy_mask, off_policy_sequence_mask, vespo_weights
 
 
 # Attributes TRL 1.16's GRPOTrainer copies from its config (`self.<name>`), here read-only views of `self.args` (a
@@ -21,8 +23,10 @@ CONFIG_ATTRIBUTES = {
     "epsilon_high": "epsilon_high",
     "importance_sampling_level": "importance_sampling_level",
     "log_completions": "log_completions",
+    "log_multimodal": "log_multimodal",
     "log_unique_prompts": "log_unique_prompts",
     "mask_truncated_completions": "mask_truncated_completions",
+    "max_tool_calling_iterations": "max_tool_calling_iterations",
     "min_p": "min_p",
     "multi_objective_aggregation": "multi_objective_aggregation",
     "num_completions_to_print": "num_completions_to_print",
@@ -34,19 +38,42 @@ CONFIG_ATTRIBUTES = {
     "top_entropy_quantile": "top_entropy_quantile",
     "top_k": "top_k",
     "top_p": "top_p",
+    "use_transformers_continuous_batching": "use_transformers_continuous_batching",
     "use_vllm": "use_vllm",
+    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "vllm_importance_sampling_clip_max": "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min": "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_correction": "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode": "vllm_importance_sampling_mode",
+    "vllm_mode": "vllm_mode",
+    "vllm_tensor_parallel_size": "vllm_tensor_parallel_size",
 }
 # The ones TRL derives from their field rather than copying it.
 DERIVED_ATTRIBUTES = {
     "chat_template_kwargs": lambda args: args.chat_template_kwargs or {},
     "epsilon_high": lambda args: args.epsilon if args.epsilon_high is None else args.epsilon_high,
+    "max_tool_calling_iterations": lambda args: (
+        sys.maxsize if args.max_tool_calling_iterations is None else args.max_tool_calling_iterations
+    ),
+}
+
+# TRL 1.16 attributes of features this package does not have (tool calling, custom rollouts, environments, a training
+# chat template for tools, continuous batching), read-only at the value TRL holds when the feature is off. Name →
+# a function returning that value (a new list each time).
+UNSUPPORTED_FEATURE_ATTRIBUTES = {
+    "chat_template": lambda: None,
+    "continuous_batching_config": lambda: None,
+    "environment_factories": lambda: None,
+    "environments": lambda: None,
+    "rollout_func": lambda: None,
+    "tools": list,
 }
 
 # TRL 1.16 GRPOTrainer methods that this trainer does not have or never calls, with what to override instead.
 UNCALLED_TRL_METHODS = {
     "_get_tool_suffix_ids": "tool calling is not supported here",
     "_tool_call_loop": "tool calling is not supported here",
-    "get_gamma_weights": "the VESPO weights are `trl.trainer.grpo_losses.vespo_weights`, called inside "
+    "get_gamma_weights": "the VESPO weights come from `trl.trainer.grpo_losses.vespo_weights`, called inside "
     "`_compute_loss`: override `_compute_loss`",
 }
 
@@ -64,6 +91,17 @@ def _config_attribute(name: str, field: str) -> property:
         )
 
     return property(get, set_, doc=f"`args.{field}` (read-only; TRL 1.16 keeps a copy on the trainer).")
+
+
+def _unsupported_feature_attribute(name: str, off_value) -> property:
+    def set_(self, value):
+        raise AttributeError(
+            f"`{name}` belongs to a TRL 1.16 feature that this package does not support (tool calling, custom "
+            'rollouts, environments, continuous batching: see "Features not supported" in '
+            "docs/source/grpo_trainer.md); it stays at its value without the feature."
+        )
+
+    return property(lambda self: off_value(), set_, doc=f"`{off_value()!r}`: TRL 1.16's value without the feature.")
 
 
 def gather_valid_entropies(accelerator, values: torch.Tensor) -> torch.Tensor:
@@ -116,6 +154,33 @@ class TRLTrainerSurface:
             advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
         )
 
+    @staticmethod
+    def get_gamma_weights(
+        advantages: torch.Tensor,
+        log_ratio_per_token: torch.Tensor,
+        mask: torch.Tensor,
+        importance_sampling_ratio: torch.Tensor | None,
+        k_pos: float = 2.0,
+        lambda_pos: float = 3.0,
+        k_neg: float = 3.0,
+        lambda_neg: float = 2.0,
+    ) -> torch.Tensor:
+        """`(N, 1)` VESPO sequence weights φ(w) (arXiv 2602.10693) from `(N, L)` per-token log-ratios log π_θ/π_old,
+        with TRL 1.16's signature and defaults (`advantages` `(N, 1)` or `(N,)`; `importance_sampling_ratio` `(N, L)`
+        or `None`); see `grpo_losses.vespo_weights`, which `_compute_loss` calls (this method is not called by the
+        trainer, so overriding it raises a `TypeError`)."""
+        return vespo_weights(
+            advantages,
+            log_ratio_per_token,
+            torch.zeros_like(log_ratio_per_token),
+            mask,
+            k_pos,
+            lambda_pos,
+            k_neg,
+            lambda_neg,
+            importance_sampling_ratio,
+        )
+
     def _log_completion_extra(self, column: str, values: list) -> None:
         """What reward functions call as `log_extra(column, values)`: one value per completion of the call, shown as
         a column of the completions table."""
@@ -128,6 +193,11 @@ class TRLTrainerSurface:
 
     def _log_hooks(self) -> dict:
         return {"log_extra": self._log_completion_extra, "log_metric": self._log_metric}
+
+    @property
+    def _tokenizer(self):
+        """The policy's tokenizer (TRL 1.16's name; here always `processing_class`: text-only models)."""
+        return self.processing_class
 
     @property
     def ref_model(self):
@@ -181,6 +251,8 @@ class TRLTrainerSurface:
 
 for _name, _field in CONFIG_ATTRIBUTES.items():
     setattr(TRLTrainerSurface, _name, _config_attribute(_name, _field))
+for _name, _off_value in UNSUPPORTED_FEATURE_ATTRIBUTES.items():
+    setattr(TRLTrainerSurface, _name, _unsupported_feature_attribute(_name, _off_value))
 
 
 def check_unsupported_arguments(**arguments) -> None:
