@@ -96,7 +96,13 @@ from .grpo_rewards import (
     weighted_rewards,
 )
 from .reward_model_refresh import RewardModelRefresh
-from .trl_compat import TRLTrainerSurface, check_overrides, check_unsupported_arguments, default_config
+from .trl_compat import (
+    TRLTrainerSurface,
+    check_argument_types,
+    check_overrides,
+    check_unsupported_arguments,
+    default_config,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -154,7 +160,10 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             one of the two is given, or when `reward_funcs` holds no sequence-classification model to train.
 
     Raises:
-        ValueError: without reward functions or `train_dataset`, for reward weights or processing classes that do not
+        TypeError: for a `processing_class`, `peft_config` or `train_dataset` of the wrong type (TRL 1.16's checks,
+            `trl_compat.check_argument_types`).
+        ValueError: without reward functions or `train_dataset`, for `quantization_config` given twice or a
+            `PeftModel` with a `peft_config`, for reward weights or processing classes that do not
             match the reward functions, a dataset without `"prompt"`, or an eval batch that is not divisible by
             `num_generations_eval` (or `num_generations`); for a stream with `dispatch_batches=True` or a train stream
             without `max_steps`.
@@ -184,6 +193,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         check_overrides(type(self), GRPOTrainer)
         check_unsupported_arguments(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
         args = default_config(model) if args is None else args
+        check_argument_types(model, args, train_dataset, processing_class, quantization_config, peft_config)
         model, given_peft_model = load_policy(model, args, quantization_config, peft_config)
         processing_class = load_tokenizer(model, args, processing_class)
 

@@ -10,6 +10,9 @@ import sys
 from functools import partial
 
 import torch
+from datasets import Dataset, IterableDataset
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
+from transformers.utils import is_peft_available
 
 from .grpo_config import GRPOConfig
 from .grpo_losses import high_entropy_mask, off_policy_sequence_mask, vespo_weights
@@ -127,8 +130,8 @@ class TRLTrainerSurface:
         """
         if return_outputs:
             raise ValueError(
-                "GRPOTrainer.compute_loss does not support returning outputs: GRPO has no model outputs to return, "
-                "call it with return_outputs=False."
+                "The GRPOTrainer does not support returning outputs: GRPO has no model outputs to return, call "
+                "`compute_loss` with return_outputs=False."
             )
         return self._compute_loss(model, inputs)
 
@@ -267,6 +270,53 @@ def check_unsupported_arguments(**arguments) -> None:
             raise ValueError(
                 f"`{name}` (tool calling / custom rollouts) is not supported by this package: leave it None."
             )
+
+
+def check_argument_types(model, args, train_dataset, processing_class, quantization_config, peft_config) -> None:
+    """The checks TRL 1.16's `GRPOTrainer.__init__` makes on its arguments' types and combinations, with TRL's
+    messages (our explanation after them), before anything is loaded.
+
+    Raises:
+        ValueError: `quantization_config` given both to the trainer and in `args.model_init_kwargs`; a `PeftModel`
+            together with a `peft_config`.
+        TypeError: a `processing_class` that is no tokenizer or processor; a `peft_config` that is no
+            `peft.PeftConfig`; a `train_dataset` that is no `Dataset` or `IterableDataset`.
+        ImportError: a `peft_config` without the `peft` library.
+    """
+    if quantization_config is not None and "quantization_config" in (args.model_init_kwargs or {}):
+        raise ValueError(
+            "You set `quantization_config` both as a trainer argument and in `args.model_init_kwargs`. Please set it "
+            "in only one place, preferably as a trainer argument."
+        )
+    if processing_class is not None and not isinstance(processing_class, (PreTrainedTokenizerBase, ProcessorMixin)):
+        raise TypeError(
+            "The `processing_class` must be either a `PreTrainedTokenizerBase` or a `ProcessorMixin`, got "
+            f"`{type(processing_class).__name__}` (this package trains text-only models: pass the model's tokenizer)."
+        )
+    if peft_config is not None:
+        if not is_peft_available():
+            raise ImportError(
+                "You passed `peft_config` but the `peft` library is not installed. Install it with "
+                "`pip install trl[peft]`."
+            )
+        from peft import PeftConfig
+
+        if not isinstance(peft_config, PeftConfig):
+            raise TypeError(
+                "`peft_config` must be a `peft.PeftConfig` instance (e.g. `peft.LoraConfig`), got "
+                f"{type(peft_config).__name__}."
+            )
+        if hasattr(model, "peft_config"):
+            raise ValueError(
+                "You passed a `PeftModel` instance together with a `peft_config` to the trainer. Please first merge "
+                "and unload the existing adapter, save the resulting base model, and then pass that base model along "
+                "with the new `peft_config` to the trainer (or pass the `PeftModel` alone to train its adapter)."
+            )
+    if train_dataset is not None and not isinstance(train_dataset, (Dataset, IterableDataset)):
+        raise TypeError(
+            f"`train_dataset` must be a `Dataset` or `IterableDataset`, got `{type(train_dataset).__name__}` (e.g. "
+            "`datasets.Dataset.from_list(rows)` for a list of rows, or `dataset_dict['train']` for a `DatasetDict`)."
+        )
 
 
 def default_config(model) -> GRPOConfig:
