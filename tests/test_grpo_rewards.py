@@ -206,7 +206,7 @@ def test_none_becomes_nan_and_all_none_warns_with_the_inputs():
     def never(completions, **kwargs):
         return [None, None]
 
-    with mock.patch.object(grpo_rewards.logger, "warning") as warning:
+    with mock.patch.object(grpo_rewards.trainer_logger, "warning") as warning:
         rewards = call_reward_funcs(
             [half, never],
             ["half", "never"],
@@ -218,9 +218,9 @@ def test_none_becomes_nan_and_all_none_warns_with_the_inputs():
         )
     assert math.isnan(rewards[0, 0]) and rewards[1, 0] == 1.0 and torch.isnan(rewards[:, 1]).all()
     warning.assert_called_once_with(
-        "All reward functions returned None for 1 of 2 completions; these get advantage 0. The first one had "
-        "inputs {'prompt': '1+1=', 'completion': '5', 'answer': '2'}. Make at least one reward function return a "
-        "number for every completion."
+        "All reward functions returned None for the following kwargs:\n{'answer': '2', 'prompt': '1+1=', "
+        "'completion': '5'}\n(the first of 1 of 2 completions that no reward function scored; these get advantage 0). "
+        "Make at least one reward function return a number for every completion."
     )
     assert all_none_message(torch.tensor([[1.0, NAN]]), ["p"], ["c"], {}) is None
 

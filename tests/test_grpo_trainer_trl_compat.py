@@ -5,14 +5,22 @@ trust_remote_code and the errors for missing inputs. Values are read where a use
 the completions table, the error message."""
 
 import asyncio
+import contextlib
 import functools
+import io
+import json
 import math
+import re
+import subprocess
+import sys
+import tempfile
 from unittest import mock
 
 import pytest
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from upstream_venv import upstream_env, upstream_trl_python_or_skip
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer import grpo_rewards
@@ -132,12 +140,14 @@ def test_all_none_rewards_warn_with_the_inputs(tiny_lm_path, arithmetic_dataset,
         return [None] * len(prompts)
 
     trainer = GRPOTrainer(tiny_lm_path, never, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset)
-    with mock.patch.object(grpo_rewards.logger, "warning") as warning:
+    assert grpo_rewards.trainer_logger.name == "trl.trainer.grpo_trainer"  # TRL's logger for this warning
+    with mock.patch.object(grpo_rewards.trainer_logger, "warning") as warning:
         trainer.train()
     warning.assert_called_once_with(
-        f"All reward functions returned None for 8 of 8 completions; these get advantage 0. The first one had inputs "
-        f"{ {'prompt': seen['prompt'], 'completion': seen['completion'], 'answer': seen['answer']} }. Make at least "
-        "one reward function return a number for every completion."
+        "All reward functions returned None for the following kwargs:\n"
+        f"{ {'answer': seen['answer'], 'prompt': seen['prompt'], 'completion': seen['completion']} }\n(the first of 8 "
+        "of 8 completions that no reward function scored; these get advantage 0). Make at least one reward function "
+        "return a number for every completion."
     )
     assert all(chunk["advantages"].eq(0).all() for chunk in trainer._buffered_inputs)
 
@@ -409,3 +419,111 @@ def test_eval_sampling_depends_on_the_step_not_on_earlier_evaluations(tiny_lm_pa
         tiny_lm_path, recording, args=args, train_dataset=arithmetic_dataset, eval_dataset=eval_dataset
     )
     assert evaluate(fresh, 3) == at_3  # as a resumed trainer at step 3 would
+
+
+# Builds a trainer on a tiny model and prints, as JSON, what a subclass or callback written for TRL 1.16 reads from it:
+# TRL's trainer attributes (config copies, the attributes of unsupported features at their "off" values, the sampling
+# kwargs) and its static and instance helpers on fixed tensors. Run by this package in-process and by TRL 1.16 in its
+# venv (`argv`: model path, output folder).
+SURFACE_SCRIPT = r"""
+import json, sys
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+def reward_len(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+args = GRPOConfig(
+    output_dir=sys.argv[2], use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=4,
+    num_generations=4, max_completion_length=5, top_k=7, epsilon=0.25, vllm_mode="server",
+    vllm_importance_sampling_clip_min=0.5, generation_kwargs={"top_p": 0.8}, log_multimodal=False,
+)
+trainer = GRPOTrainer(sys.argv[1], reward_len, args=args, train_dataset=Dataset.from_dict({"prompt": ["a", "b"] * 4}))
+names = [
+    "beta", "chat_template", "chat_template_kwargs", "continuous_batching_config", "environment_factories",
+    "environments", "eos_token_ids", "epsilon_high", "epsilon_low", "generation_kwargs", "importance_sampling_level",
+    "log_completions", "log_multimodal", "log_unique_prompts", "loss_type", "mask_truncated_completions",
+    "max_completion_length", "max_tool_calling_iterations", "min_p", "multi_objective_aggregation",
+    "num_completions_to_print", "num_generations", "num_generations_eval", "num_iterations",
+    "off_policy_mask_threshold", "pad_to_multiple_of", "repetition_penalty", "reward_func_names", "rollout_func",
+    "scale_rewards", "shuffle_dataset", "tools", "top_entropy_quantile", "top_k", "top_p", "use_transformers_continuous_batching",
+    "use_vllm", "vllm_gpu_memory_utilization", "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+    "vllm_mode", "vllm_tensor_parallel_size", "_current_train_step_time",
+]
+out = {name: getattr(trainer, name) for name in names}
+out["reward_weights"] = trainer.reward_weights.tolist()
+out["_tokenizer"] = trainer._tokenizer is trainer.processing_class
+out["_metrics"] = sorted(trainer._metrics)
+generator = torch.Generator().manual_seed(0)
+log_ratio = 0.3 * torch.randn(4, 6, generator=generator)
+mask = torch.ones(4, 6)
+mask[1, 4:] = 0
+advantages = torch.tensor([[1.0], [-0.5], [0.0], [-2.0]])
+is_ratio = 0.5 + torch.rand(4, 6, generator=generator)
+out["gamma_weights"] = GRPOTrainer.get_gamma_weights(advantages, log_ratio, mask, None).tolist()
+out["gamma_weights_is"] = GRPOTrainer.get_gamma_weights(advantages, log_ratio, mask, is_ratio, 1.5, 2.5, 2.0, 1.0).tolist()
+out["off_policy_mask"] = GRPOTrainer.get_off_policy_mask(advantages, log_ratio, torch.zeros(4, 6), mask, 0.1).tolist()
+out["high_entropy_mask"] = trainer.get_high_entropy_mask(log_ratio.abs(), mask, 0.6).tolist()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parity
+def test_trainer_surface_matches_trl_1_16(tiny_lm_path, tmp_path):
+    """TRL 1.16's trainer attributes and helpers that subclasses and callbacks read have the same values here, on
+    the same model and config (the unsupported features' attributes at TRL's values without them)."""
+    python = upstream_trl_python_or_skip()
+    done = subprocess.run(
+        [python, "-P", "-c", SURFACE_SCRIPT, tiny_lm_path, str(tmp_path / "upstream")],
+        cwd=tempfile.gettempdir(),  # not this repository: `import trl` must find TRL 1.16
+        env={**upstream_env(), "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    upstream = json.loads(done.stdout.strip().splitlines()[-1])
+    printed = io.StringIO()
+    with mock.patch.object(sys, "argv", ["surface", tiny_lm_path, str(tmp_path / "ours")]):
+        with contextlib.redirect_stdout(printed):
+            exec(SURFACE_SCRIPT, {"__name__": "surface"})
+    ours = json.loads(printed.getvalue().strip().splitlines()[-1])
+    assert set(ours) == set(upstream)
+    tensors = {"gamma_weights", "gamma_weights_is", "off_policy_mask", "high_entropy_mask"}
+    for name in sorted(set(upstream) - tensors):
+        assert ours[name] == upstream[name], name
+    for name in sorted(tensors):
+        assert torch.allclose(torch.tensor(ours[name]), torch.tensor(upstream[name]), rtol=1e-5, atol=0), name
+    assert ours["tools"] == [] and ours["max_tool_calling_iterations"] == sys.maxsize  # the values compared
+    assert 0.0 < min(min(row) for row in ours["gamma_weights_is"]) and ours["off_policy_mask"] != [[1.0]] * 4
+
+
+def test_attributes_of_unsupported_features_are_read_only(tiny_lm_path, arithmetic_dataset, grpo_kwargs):
+    trainer = GRPOTrainer(
+        tiny_lm_path, first_token_reward, args=GRPOConfig(**grpo_kwargs), train_dataset=arithmetic_dataset
+    )
+    assert trainer.tools == [] and trainer.tools is not trainer.tools  # a new list: appending to it changes nothing
+    for name in ["tools", "rollout_func", "environments", "environment_factories", "chat_template"]:
+        with pytest.raises(AttributeError, match=f"`{name}` belongs to a TRL 1.16 feature that this package does not"):
+            setattr(trainer, name, None)
+    with pytest.raises(AttributeError, match=re.escape("set `args.vllm_mode` (GRPOConfig)")):
+        trainer.vllm_mode = "server"
+    assert trainer.generation_kwargs["max_new_tokens"] == grpo_kwargs["max_completion_length"]
+    assert trainer.generation_kwargs["eos_token_id"] == trainer.eos_token_ids == trainer.generation_config.eos_token_id
+
+
+def test_gamma_weights_by_hand():
+    """VESPO's φ(w) = e^λ · w^k · e^(−λw) with TRL 1.16's defaults (k, λ) = (2, 3) for Â ≥ 0 and (3, 2) below; a
+    token-level importance-sampling ratio multiplies w (all positions), the log-ratios count on valid tokens only."""
+    advantages, mask = torch.tensor([[1.0], [-1.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    log_ratio = torch.tensor([[0.0, 0.0], [0.2, 5.0]])  # row 2: the masked 5.0 does not count
+    weights = GRPOTrainer.get_gamma_weights(advantages, log_ratio, mask, None)
+    w2 = math.exp(0.2)
+    expected = [[1.0], [math.exp(2.0) * w2**3 * math.exp(-2.0 * w2)]]
+    assert torch.allclose(weights, torch.tensor(expected), rtol=1e-6)
+    is_ratio = torch.tensor([[math.exp(0.5), 1.0], [1.0, 1.0]])
+    weighted = GRPOTrainer.get_gamma_weights(advantages, log_ratio, mask, is_ratio)
+    w1 = math.exp(0.5)
+    assert torch.allclose(weighted[0], torch.tensor([math.exp(3.0) * w1**2 * math.exp(-3.0 * w1)]), rtol=1e-6)

@@ -50,18 +50,24 @@ KEY_PHRASES = {
     r"already instantiated",
     "quantization_config_with_instance": r"You passed `quantization_config` to the trainer, but your model is "
     r"already instantiated",
+    "quantization_config_twice": r"You set `quantization_config` both as a trainer argument and in "
+    r"`args\.model_init_kwargs`",
+    "processing_class_type": r"The `processing_class` must be either a `PreTrainedTokenizerBase` or a `ProcessorMixin`",
+    "peft_config_type": r"`peft_config` must be a `peft\.PeftConfig` instance \(e\.g\. `peft\.LoraConfig`\), got dict",
+    "peft_model_with_peft_config": r"You passed a `PeftModel` instance together with a `peft_config` to the trainer",
+    "train_dataset_type": r"`train_dataset` must be a `Dataset` or `IterableDataset`, got `list`",
     "router_aux_loss_without_moe": r"is not a Mixture-of-Experts model",
     "peft_adapter_on_lm_head": r"Applying a PEFT adapter to `lm_head` is not supported",  # with cast_lm_head_to_fp32
     "luspo_token_level": r"`importance_sampling_level` should be set to `'sequence'`",
     "vespo_sequence_level": r"VESPO computes sequence-level importance weights internally",
     "sequence_level_token_sum_loss": r"the `'dapo'` loss sums per-token contributions",
     # rewards and advantages
-    "all_rewards_none": r"All reward functions returned None",
+    "all_rewards_none": r"All reward functions returned None for the following kwargs:",
     "reward_count_mismatch": r"returned 3 rewards, but 4 were expected",
     "unknown_scale_rewards": r"Invalid value for scale_rewards: bogus",
     "unknown_multi_objective_aggregation": r"Invalid multi_objective_aggregation: bogus",
     # loss
-    "compute_loss_return_outputs": r"does not support returning outputs",
+    "compute_loss_return_outputs": r"The GRPOTrainer does not support returning outputs",
     "unknown_importance_sampling_level": r"Unknown importance sampling level: bogus",
     "unknown_loss_type": r"Unknown loss type: bogus",
     # GRPOTrainer with an IterableDataset
@@ -194,6 +200,28 @@ def test_trainer_init_errors_carry_trl_phrase(tiny_lm_path, base, prompts):
         GRPOTrainer(model, zero_reward, args=args, train_dataset=prompts)
     with pytest.raises(ValueError, match=phrase("quantization_config_with_instance")):
         GRPOTrainer(model, zero_reward, args=GRPOConfig(**base), train_dataset=prompts, quantization_config={})
+
+
+def test_trainer_argument_type_errors_carry_trl_phrase(tiny_lm_path, base, prompts):
+    """TRL 1.16's checks of the arguments' types and combinations, made before anything is loaded."""
+    from peft import LoraConfig, get_peft_model
+
+    args = GRPOConfig(**base, model_init_kwargs={"quantization_config": None})
+    with pytest.raises(ValueError, match=phrase("quantization_config_twice")):
+        GRPOTrainer(tiny_lm_path, zero_reward, args=args, train_dataset=prompts, quantization_config={})
+    with pytest.raises(TypeError, match=phrase("processing_class_type") + r", got `object` \(this package trains"):
+        GRPOTrainer(
+            tiny_lm_path, zero_reward, args=GRPOConfig(**base), train_dataset=prompts, processing_class=object()
+        )
+    with pytest.raises(TypeError, match=phrase("peft_config_type")):
+        GRPOTrainer(tiny_lm_path, zero_reward, args=GRPOConfig(**base), train_dataset=prompts, peft_config={"r": 8})
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_lm_path), LoraConfig())
+    with pytest.raises(ValueError, match=phrase("peft_model_with_peft_config")):
+        GRPOTrainer(policy, zero_reward, args=GRPOConfig(**base), train_dataset=prompts, peft_config=LoraConfig())
+    with pytest.raises(
+        TypeError, match=phrase("train_dataset_type") + re.escape(" (e.g. `datasets.Dataset.from_list")
+    ):
+        GRPOTrainer(tiny_lm_path, zero_reward, args=GRPOConfig(**base), train_dataset=[{"prompt": "1+1="}] * 8)
 
 
 def test_reward_loading_errors_carry_trl_phrase():
@@ -441,8 +469,15 @@ run("sync_ref_model_without_beta", lambda: trainer(args=config(sync_ref_model=Tr
 model = AutoModelForCausalLM.from_pretrained(path)
 run("model_init_kwargs_with_instance", lambda: trainer(model, args=config(model_init_kwargs={"dtype": "float32"})))
 run("quantization_config_with_instance", lambda: trainer(model, args=config(), quantization_config={}))
+run("quantization_config_twice",
+    lambda: trainer(args=config(model_init_kwargs={"quantization_config": None}), quantization_config={}))
+run("processing_class_type", lambda: trainer(args=config(), processing_class=object()))
+run("peft_config_type", lambda: trainer(args=config(), peft_config={"r": 8}))
+run("train_dataset_type", lambda: trainer(args=config(), train_dataset=[{"prompt": "1+1="}] * 8))
 run("router_aux_loss_without_moe", lambda: trainer(args=config(router_aux_loss_coef=0.1)))
-from peft import LoraConfig
+from peft import LoraConfig, get_peft_model
+run("peft_model_with_peft_config", lambda: trainer(
+    get_peft_model(AutoModelForCausalLM.from_pretrained(path), LoraConfig()), args=config(), peft_config=LoraConfig()))
 lm_head_lora = LoraConfig(target_modules=["lm_head"])
 run("peft_adapter_on_lm_head", lambda: trainer(args=config(cast_lm_head_to_fp32=True), peft_config=lm_head_lora))
 run("luspo_token_level", lambda: trainer(args=config(loss_type="luspo")))
@@ -545,6 +580,7 @@ TRL_WARNINGS = {
 }
 TRL_KINDS = {case: "warning" if case in TRL_WARNINGS else "ValueError" for case in KEY_PHRASES}
 TRL_KINDS["use_transformers_paged"] = "FutureWarning"
+TRL_KINDS.update(processing_class_type="TypeError", peft_config_type="TypeError", train_dataset_type="TypeError")
 TRL_KINDS["rich_not_installed"] = "ImportError"
 
 

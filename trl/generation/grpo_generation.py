@@ -29,12 +29,13 @@ _LOGGED_FALLBACKS: set[str] = set()  # reasons for plain `generate` already logg
 _SHARED_PREFIX_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 
 
-def grpo_generation_config(args, tokenizer, eos_token_ids: list[int]) -> GenerationConfig:
-    """The sampling settings of a [`GRPOConfig`] as a `GenerationConfig`, as TRL 1.16 sets them.
+def grpo_generation_kwargs(args, tokenizer, eos_token_ids: list[int]) -> dict:
+    """The sampling settings of a [`GRPOConfig`] as keyword arguments of a `GenerationConfig`, as TRL 1.16 sets them
+    (its trainer's `generation_kwargs`, in its order).
 
     Up to `max_completion_length` new tokens are sampled at `temperature` with `top_p`, `top_k`, `min_p` and
     `repetition_penalty`; a completion stops at any of `eos_token_ids`. `args.generation_kwargs` override any of
-    these (e.g. `{"num_beams": 2}`); `disable_compile=True` keeps `generate` from compiling the model.
+    these (e.g. `{"num_beams": 2}`).
 
     Args:
         args: the trainer's config.
@@ -44,18 +45,23 @@ def grpo_generation_config(args, tokenizer, eos_token_ids: list[int]) -> Generat
     settings = dict(
         max_new_tokens=args.max_completion_length,
         do_sample=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eos_token_ids,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
         min_p=args.min_p,
         repetition_penalty=args.repetition_penalty,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos_token_ids,
-        bos_token_id=tokenizer.bos_token_id,
         cache_implementation=args.cache_implementation,
-        disable_compile=True,
     )
-    return GenerationConfig(**{**settings, **(args.generation_kwargs or {})})
+    return {**settings, **(args.generation_kwargs or {})}
+
+
+def grpo_generation_config(args, tokenizer, eos_token_ids: list[int]) -> GenerationConfig:
+    """[`grpo_generation_kwargs`] as a `GenerationConfig`, with `disable_compile=True` (keeps `generate` from
+    compiling the model), as TRL 1.16 builds it."""
+    return GenerationConfig(**grpo_generation_kwargs(args, tokenizer, eos_token_ids), disable_compile=True)
 
 
 def effective_generation_config(model: PreTrainedModel, generation_config: GenerationConfig) -> GenerationConfig:

@@ -354,6 +354,7 @@ def vespo_weights(
     lambda_pos: float,
     k_neg: float,
     lambda_neg: float,
+    importance_sampling_ratio: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """VESPO sequence weights φ(w) = e^λ · w^k · e^(−λ·w) (arXiv 2602.10693), with φ(1) = 1; no gradient.
 
@@ -366,12 +367,18 @@ def vespo_weights(
         per_token_logps, old_per_token_logps: `(N, L)`.
         mask: `(N, L)` 1 for valid completion tokens.
         k_pos, lambda_pos, k_neg, lambda_neg: the Gamma-shape parameters.
+        importance_sampling_ratio: optional `(N, L)` token-level correction π_θ_old/π_sampler (TRL's vLLM
+            importance sampling; never set by this trainer): its logs, each clamped to [log 1e-8, 20], are added to
+            log w over every position, as TRL 1.16 does.
 
     Returns:
         `(N, 1)` float tensor.
     """
     log_ratio = (per_token_logps - old_per_token_logps).clamp(-20.0, 20.0)
     log_w = (log_ratio * mask.to(log_ratio.dtype)).sum(-1, keepdim=True)
+    if importance_sampling_ratio is not None:
+        log_is = importance_sampling_ratio.log().clamp(VESPO_LOG_WEIGHT_MIN, VESPO_LOG_WEIGHT_MAX)
+        log_w = log_w + log_is.sum(-1, keepdim=True)
     log_w = log_w.clamp(VESPO_LOG_WEIGHT_MIN, VESPO_LOG_WEIGHT_MAX)
     nonneg = per_token_advantages(advantages) >= 0
     k = torch.where(nonneg, k_pos, k_neg).to(log_w.dtype)

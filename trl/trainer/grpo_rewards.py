@@ -31,6 +31,8 @@ from .grpo_metrics import frac_reward_zero_std
 
 
 logger = logging.get_logger(__name__)
+# TRL 1.16 logs the all-None warning from its trainer's module: the same logger, so its filters and levels apply
+trainer_logger = logging.get_logger("trl.trainer.grpo_trainer")
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 # Keyword arguments the trainer adds for every reward function; not "inputs" of a completion.
@@ -400,25 +402,26 @@ def call_reward_funcs(
         raise errors[0]
     message = all_none_message(rewards, prompts, completions, reward_kwargs)
     if message is not None:
-        logger.warning(message)
+        trainer_logger.warning(message)
     return rewards.to(device)
 
 
 def all_none_message(
     rewards_per_func: torch.Tensor, prompts: list, completions: list, reward_kwargs: dict[str, Any]
 ) -> str | None:
-    """The warning for completions that no reward function scored (a row of NaNs), naming the first one's inputs
-    (prompt, completion and dataset columns); `None` when every completion has at least one reward."""
+    """The warning for completions that no reward function scored (a row of NaNs), with TRL 1.16's opening and the
+    first one's inputs as TRL lists them (dataset columns, then prompt and completion); `None` when every completion
+    has at least one reward."""
     unscored = torch.isnan(rewards_per_func).all(dim=1).nonzero().flatten().tolist()
     if not unscored:
         return None
     row = unscored[0]
-    inputs = {"prompt": prompts[row], "completion": completions[row]}
-    inputs.update({k: v[row] for k, v in reward_kwargs.items() if k not in HOOK_KWARGS})
+    inputs = {k: v[row] for k, v in reward_kwargs.items() if k not in HOOK_KWARGS}
+    inputs.update(prompt=prompts[row], completion=completions[row])
     return (
-        f"All reward functions returned None for {len(unscored)} of {len(prompts)} completions; these get advantage "
-        f"0. The first one had inputs {inputs}. Make at least one reward function return a number for every "
-        "completion."
+        f"All reward functions returned None for the following kwargs:\n{inputs}\n(the first of {len(unscored)} of "
+        f"{len(prompts)} completions that no reward function scored; these get advantage 0). Make at least one reward "
+        "function return a number for every completion."
     )
 
 

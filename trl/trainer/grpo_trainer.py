@@ -28,6 +28,7 @@ from ..generation.grpo_generation import (
     completion_id_lists,
     decode_completion_lists,
     grpo_generation_config,
+    grpo_generation_kwargs,
     left_pad,
     pad_completions,
     sample_completions,
@@ -96,7 +97,13 @@ from .grpo_rewards import (
     weighted_rewards,
 )
 from .reward_model_refresh import RewardModelRefresh
-from .trl_compat import TRLTrainerSurface, check_overrides, check_unsupported_arguments, default_config
+from .trl_compat import (
+    TRLTrainerSurface,
+    check_argument_types,
+    check_overrides,
+    check_unsupported_arguments,
+    default_config,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -154,7 +161,10 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             one of the two is given, or when `reward_funcs` holds no sequence-classification model to train.
 
     Raises:
-        ValueError: without reward functions or `train_dataset`, for reward weights or processing classes that do not
+        TypeError: for a `processing_class`, `peft_config` or `train_dataset` of the wrong type (TRL 1.16's checks,
+            `trl_compat.check_argument_types`).
+        ValueError: without reward functions or `train_dataset`, for `quantization_config` given twice or a
+            `PeftModel` with a `peft_config`, for reward weights or processing classes that do not
             match the reward functions, a dataset without `"prompt"`, or an eval batch that is not divisible by
             `num_generations_eval` (or `num_generations`); for a stream with `dispatch_batches=True` or a train stream
             without `max_steps`; for a dataset with a length too small for one batch: a `train_dataset` with fewer
@@ -187,6 +197,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         check_overrides(type(self), GRPOTrainer)
         check_unsupported_arguments(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
         args = default_config(model) if args is None else args
+        check_argument_types(model, args, train_dataset, processing_class, quantization_config, peft_config)
         model, given_peft_model = load_policy(model, args, quantization_config, peft_config)
         processing_class = load_tokenizer(model, args, processing_class)
 
@@ -223,6 +234,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         # A completion ends at the tokenizer's EOS or at any EOS of the model's generation config (end-of-turn...).
         model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos_token_ids = stop_token_ids(processing_class.eos_token_id, model_eos)
+        # TRL's `generation_kwargs`: kept for subclasses that read it; sampling uses `generation_config`, as in TRL
+        self.generation_kwargs = grpo_generation_kwargs(args, processing_class, self.eos_token_ids)
         self.generation_config = grpo_generation_config(args, processing_class, self.eos_token_ids)
         self.temperature = self.generation_config.temperature  # log-probs use the sampling temperature
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
@@ -230,7 +243,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         # the training generation batch as micro-batches, and the micro-step (TRL's `_buffered_inputs` and `_step`)
         self.generation_buffer = GenerationBuffer(args.steps_per_generation, args.num_iterations)
         self._eval_batches = 0  # eval generation batches so far in this evaluation (seeds their sampling)
-        self._step_time = 0.0  # seconds spent in training_step since the last optimizer step
+        self._current_train_step_time = 0.0  # seconds spent in training_step since the last optimizer step
         self._training_layout = False  # set while `_old_per_token_logps` scores
 
         super().__init__(
@@ -688,10 +701,10 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
-        self._step_time += time.perf_counter() - start
+        self._current_train_step_time += time.perf_counter() - start
         if self.accelerator.sync_gradients:  # the window's last micro-batch: `step_time` is per optimizer step
-            self._metrics["train"]["step_time"].append(self._step_time)
-            self._step_time = 0.0
+            self._metrics["train"]["step_time"].append(self._current_train_step_time)
+            self._current_train_step_time = 0.0
         return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):

@@ -1,16 +1,21 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
 """What subclasses written for TRL 1.16's `GRPOTrainer` read and override, beyond the steps of the trainer itself:
 `compute_loss` → `_compute_loss`, the entropy and off-policy masks, the reward-logging hooks, the entropy coefficient,
-the generation batch and its micro-step (`_buffered_inputs`, `_step`), the config-valued attributes, and a check that
-no override of a TRL method this trainer never calls is silently ignored."""
+the generation batch and its micro-step (`_buffered_inputs`, `_step`), the config-valued attributes, the attributes of
+features not supported here (their "off" values), and a check that no override of a TRL method this trainer never
+calls is silently ignored."""
 
 import os
+import sys
 from functools import partial
 
 import torch
+from datasets import Dataset, IterableDataset
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
+from transformers.utils import is_peft_available
 
 from .grpo_config import GRPOConfig
-from .grpo_losses import high_entropy_mask, off_policy_sequence_mask
+from .grpo_losses import high_entropy_mask, off_policy_sequence_mask, vespo_weights
 
 
 # Attributes TRL 1.16's GRPOTrainer copies from its config (`self.<name>`), here read-only views of `self.args` (a
@@ -21,8 +26,10 @@ CONFIG_ATTRIBUTES = {
     "epsilon_high": "epsilon_high",
     "importance_sampling_level": "importance_sampling_level",
     "log_completions": "log_completions",
+    "log_multimodal": "log_multimodal",
     "log_unique_prompts": "log_unique_prompts",
     "mask_truncated_completions": "mask_truncated_completions",
+    "max_tool_calling_iterations": "max_tool_calling_iterations",
     "min_p": "min_p",
     "multi_objective_aggregation": "multi_objective_aggregation",
     "num_completions_to_print": "num_completions_to_print",
@@ -34,19 +41,42 @@ CONFIG_ATTRIBUTES = {
     "top_entropy_quantile": "top_entropy_quantile",
     "top_k": "top_k",
     "top_p": "top_p",
+    "use_transformers_continuous_batching": "use_transformers_continuous_batching",
     "use_vllm": "use_vllm",
+    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "vllm_importance_sampling_clip_max": "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min": "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_correction": "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode": "vllm_importance_sampling_mode",
+    "vllm_mode": "vllm_mode",
+    "vllm_tensor_parallel_size": "vllm_tensor_parallel_size",
 }
 # The ones TRL derives from their field rather than copying it.
 DERIVED_ATTRIBUTES = {
     "chat_template_kwargs": lambda args: args.chat_template_kwargs or {},
     "epsilon_high": lambda args: args.epsilon if args.epsilon_high is None else args.epsilon_high,
+    "max_tool_calling_iterations": lambda args: (
+        sys.maxsize if args.max_tool_calling_iterations is None else args.max_tool_calling_iterations
+    ),
+}
+
+# TRL 1.16 attributes of features this package does not have (tool calling, custom rollouts, environments, a training
+# chat template for tools, continuous batching), read-only at the value TRL holds when the feature is off. Name →
+# a function returning that value (a new list each time).
+UNSUPPORTED_FEATURE_ATTRIBUTES = {
+    "chat_template": lambda: None,
+    "continuous_batching_config": lambda: None,
+    "environment_factories": lambda: None,
+    "environments": lambda: None,
+    "rollout_func": lambda: None,
+    "tools": list,
 }
 
 # TRL 1.16 GRPOTrainer methods that this trainer does not have or never calls, with what to override instead.
 UNCALLED_TRL_METHODS = {
     "_get_tool_suffix_ids": "tool calling is not supported here",
     "_tool_call_loop": "tool calling is not supported here",
-    "get_gamma_weights": "the VESPO weights are `trl.trainer.grpo_losses.vespo_weights`, called inside "
+    "get_gamma_weights": "the VESPO weights come from `trl.trainer.grpo_losses.vespo_weights`, called inside "
     "`_compute_loss`: override `_compute_loss`",
 }
 
@@ -64,6 +94,17 @@ def _config_attribute(name: str, field: str) -> property:
         )
 
     return property(get, set_, doc=f"`args.{field}` (read-only; TRL 1.16 keeps a copy on the trainer).")
+
+
+def _unsupported_feature_attribute(name: str, off_value) -> property:
+    def set_(self, value):
+        raise AttributeError(
+            f"`{name}` belongs to a TRL 1.16 feature that this package does not support (tool calling, custom "
+            'rollouts, environments, continuous batching: see "Features not supported" in '
+            "docs/source/grpo_trainer.md); it stays at its value without the feature."
+        )
+
+    return property(lambda self: off_value(), set_, doc=f"`{off_value()!r}`: TRL 1.16's value without the feature.")
 
 
 def gather_valid_entropies(accelerator, values: torch.Tensor) -> torch.Tensor:
@@ -89,8 +130,8 @@ class TRLTrainerSurface:
         """
         if return_outputs:
             raise ValueError(
-                "GRPOTrainer.compute_loss does not support returning outputs: GRPO has no model outputs to return, "
-                "call it with return_outputs=False."
+                "The GRPOTrainer does not support returning outputs: GRPO has no model outputs to return, call "
+                "`compute_loss` with return_outputs=False."
             )
         return self._compute_loss(model, inputs)
 
@@ -116,6 +157,33 @@ class TRLTrainerSurface:
             advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
         )
 
+    @staticmethod
+    def get_gamma_weights(
+        advantages: torch.Tensor,
+        log_ratio_per_token: torch.Tensor,
+        mask: torch.Tensor,
+        importance_sampling_ratio: torch.Tensor | None,
+        k_pos: float = 2.0,
+        lambda_pos: float = 3.0,
+        k_neg: float = 3.0,
+        lambda_neg: float = 2.0,
+    ) -> torch.Tensor:
+        """`(N, 1)` VESPO sequence weights φ(w) (arXiv 2602.10693) from `(N, L)` per-token log-ratios log π_θ/π_old,
+        with TRL 1.16's signature and defaults (`advantages` `(N, 1)` or `(N,)`; `importance_sampling_ratio` `(N, L)`
+        or `None`); see `grpo_losses.vespo_weights`, which `_compute_loss` calls (this method is not called by the
+        trainer, so overriding it raises a `TypeError`)."""
+        return vespo_weights(
+            advantages,
+            log_ratio_per_token,
+            torch.zeros_like(log_ratio_per_token),
+            mask,
+            k_pos,
+            lambda_pos,
+            k_neg,
+            lambda_neg,
+            importance_sampling_ratio,
+        )
+
     def _log_completion_extra(self, column: str, values: list) -> None:
         """What reward functions call as `log_extra(column, values)`: one value per completion of the call, shown as
         a column of the completions table."""
@@ -128,6 +196,11 @@ class TRLTrainerSurface:
 
     def _log_hooks(self) -> dict:
         return {"log_extra": self._log_completion_extra, "log_metric": self._log_metric}
+
+    @property
+    def _tokenizer(self):
+        """The policy's tokenizer (TRL 1.16's name; here always `processing_class`: text-only models)."""
+        return self.processing_class
 
     @property
     def ref_model(self):
@@ -181,6 +254,8 @@ class TRLTrainerSurface:
 
 for _name, _field in CONFIG_ATTRIBUTES.items():
     setattr(TRLTrainerSurface, _name, _config_attribute(_name, _field))
+for _name, _off_value in UNSUPPORTED_FEATURE_ATTRIBUTES.items():
+    setattr(TRLTrainerSurface, _name, _unsupported_feature_attribute(_name, _off_value))
 
 
 def check_unsupported_arguments(**arguments) -> None:
@@ -195,6 +270,53 @@ def check_unsupported_arguments(**arguments) -> None:
             raise ValueError(
                 f"`{name}` (tool calling / custom rollouts) is not supported by this package: leave it None."
             )
+
+
+def check_argument_types(model, args, train_dataset, processing_class, quantization_config, peft_config) -> None:
+    """The checks TRL 1.16's `GRPOTrainer.__init__` makes on its arguments' types and combinations, with TRL's
+    messages (our explanation after them), before anything is loaded.
+
+    Raises:
+        ValueError: `quantization_config` given both to the trainer and in `args.model_init_kwargs`; a `PeftModel`
+            together with a `peft_config`.
+        TypeError: a `processing_class` that is no tokenizer or processor; a `peft_config` that is no
+            `peft.PeftConfig`; a `train_dataset` that is no `Dataset` or `IterableDataset`.
+        ImportError: a `peft_config` without the `peft` library.
+    """
+    if quantization_config is not None and "quantization_config" in (args.model_init_kwargs or {}):
+        raise ValueError(
+            "You set `quantization_config` both as a trainer argument and in `args.model_init_kwargs`. Please set it "
+            "in only one place, preferably as a trainer argument."
+        )
+    if processing_class is not None and not isinstance(processing_class, (PreTrainedTokenizerBase, ProcessorMixin)):
+        raise TypeError(
+            "The `processing_class` must be either a `PreTrainedTokenizerBase` or a `ProcessorMixin`, got "
+            f"`{type(processing_class).__name__}` (this package trains text-only models: pass the model's tokenizer)."
+        )
+    if peft_config is not None:
+        if not is_peft_available():
+            raise ImportError(
+                "You passed `peft_config` but the `peft` library is not installed. Install it with "
+                "`pip install trl[peft]`."
+            )
+        from peft import PeftConfig
+
+        if not isinstance(peft_config, PeftConfig):
+            raise TypeError(
+                "`peft_config` must be a `peft.PeftConfig` instance (e.g. `peft.LoraConfig`), got "
+                f"{type(peft_config).__name__}."
+            )
+        if hasattr(model, "peft_config"):
+            raise ValueError(
+                "You passed a `PeftModel` instance together with a `peft_config` to the trainer. Please first merge "
+                "and unload the existing adapter, save the resulting base model, and then pass that base model along "
+                "with the new `peft_config` to the trainer (or pass the `PeftModel` alone to train its adapter)."
+            )
+    if train_dataset is not None and not isinstance(train_dataset, (Dataset, IterableDataset)):
+        raise TypeError(
+            f"`train_dataset` must be a `Dataset` or `IterableDataset`, got `{type(train_dataset).__name__}` (e.g. "
+            "`datasets.Dataset.from_list(rows)` for a list of rows, or `dataset_dict['train']` for a `DatasetDict`)."
+        )
 
 
 def default_config(model) -> GRPOConfig:
