@@ -266,7 +266,7 @@ def test_tied_grad_sink_sums_bf16_rows_in_float32_and_rounds_once():
     ids = torch.tensor([1, 4, 6] * 10)
     upstream = [torch.randn(30, 16, generator=g).bfloat16() for _ in range(20)]
     sink = TiedGradSink()
-    sum(((_TiedLookup.apply(ids, weight, sink, None) * u).sum() for u in upstream)).backward()
+    sum((_TiedLookup.apply(ids, weight, sink, None) * u).sum() for u in upstream).backward()
     want = torch.zeros(8, 16)
     for u in upstream:
         want.index_add_(0, ids, u.float())

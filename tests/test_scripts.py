@@ -334,8 +334,8 @@ def test_cli_config_errors_are_one_line(tmp_path, model_dir, data_path, capsys):
             ["--use_liger_kernel", "true"],
             "Invalid GRPOConfig: use_liger_kernel=True asks for Liger Kernel, which this package does not support "
             "(neither Liger's fused linear GRPO loss nor the Triton layer kernels that TRL 1.16, which deprecates this "
-            "field, has transformers patch into the model; here `chunked_logprobs` (on by default in CPU runs) keeps the LM "
-            "head's logits from existing whole): set it to False.",
+            "field, has transformers patch into the model; here `chunked_logprobs` (on by default in CPU runs) keeps "
+            "the LM head's logits from existing whole): set it to False.",
         ),
     ]
     for extra, message in cases:

@@ -805,8 +805,8 @@ def unsupported_feature_errors(args: GRPOConfig) -> list[str]:
             args.use_liger_kernel,
             "Liger Kernel",
             "neither Liger's fused linear GRPO loss nor the Triton layer kernels that TRL 1.16, which deprecates this "
-            "field, has transformers patch into the model; here `chunked_logprobs` (on by default in CPU runs) keeps the LM "
-            "head's logits from existing whole",
+            "field, has transformers patch into the model; here `chunked_logprobs` (on by default in CPU runs) keeps "
+            "the LM head's logits from existing whole",
         ),
     }
     errors = []
