@@ -212,12 +212,8 @@ def test_tied_grad_sink_hands_autograd_one_dense_sum():
     torch.testing.assert_close(rows.to_dense(), torch.autograd.grad(F.embedding(ids, weight, 5).sum(), weight)[0])
 
 
-@pytest.mark.parametrize("chunked", [True, False], ids=["sink", "sparse rows"])
-def test_tied_embedding_gradient_in_bf16_is_summed_in_float32(chunked):
-    # A tiny bf16 Llama with tied embeddings whose prompts repeat 6 token ids, so each looked-up row of the embedding
-    # gathers dozens of additions: the shared weight's gradient against the float64 model's, relative error. Measured:
-    # plain 1.21e-2; row gradient into the float32 sink (with chunked log-probs) 5.9e-3 (6.0e-3 when the sink summed in
-    # bf16); sparse rows alone 7.2e-3 (1.75e-2 when their repeats were summed in bf16, 1.4× worse than plain).
+def tiny_llama(tied: bool) -> nn.Module:
+    """A random 2-layer, 64-wide Llama (512-token vocabulary, GQA) in eval mode, the same weights for a given `tied`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -228,9 +224,18 @@ def test_tied_embedding_gradient_in_bf16_is_summed_in_float32(chunked):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
     )
-    model64 = LlamaForCausalLM(config).eval().double()
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["sink", "sparse rows"])
+def test_tied_embedding_gradient_in_bf16_is_summed_in_float32(chunked):
+    # A tiny bf16 Llama with tied embeddings whose prompts repeat 6 token ids, so each looked-up row of the embedding
+    # gathers dozens of additions: the shared weight's gradient against the float64 model's, relative error. Measured:
+    # plain 1.21e-2; row gradient into the float32 sink (with chunked log-probs) 5.9e-3 (6.0e-3 when the sink summed in
+    # bf16); sparse rows alone 7.2e-3 (1.75e-2 when their repeats were summed in bf16, 1.4× worse than plain).
+    model64 = tiny_llama(tied=True).double()
     g = torch.Generator().manual_seed(1)
     ids = torch.cat(
         [
@@ -250,7 +255,7 @@ def test_tied_embedding_gradient_in_bf16_is_summed_in_float32(chunked):
     fast = dict(sparse_embedding_grad=True, chunked_logprobs=chunked, share_prefix=chunked, packed=chunked)
     errors = {}
     for name, kwargs in {"plain": {}, "fast": fast}.items():
-        model = LlamaForCausalLM(config).eval().to(torch.bfloat16)
+        model = tiny_llama(tied=True).to(torch.bfloat16)
         model.load_state_dict(model64.state_dict())
         got = tied_grad(model, **kwargs)
         errors[name] = ((got - want).norm() / want.norm()).item()
@@ -277,18 +282,7 @@ def test_one_temperature_rule_on_the_plain_and_chunked_paths_in_bf16():
     # Both paths cast the bf16 logits to float32, then divide by the temperature. Measured on this tiny bf16 Llama:
     # the two differ by at most 4.8e-7 at T = 1 and 9.5e-7 at T = 0.7 (the head's products, rounded differently);
     # when the plain path divided the bf16 logits in bf16, they differed by 1.1e-3 at T = 0.7.
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    model = LlamaForCausalLM(config).eval().to(torch.bfloat16)
+    model = tiny_llama(tied=False).to(torch.bfloat16)
     ids = torch.randint(0, 512, (6, 30), generator=torch.Generator().manual_seed(1))
     gaps = {}
     with torch.no_grad():

@@ -11,16 +11,14 @@ import io
 import json
 import math
 import re
-import subprocess
 import sys
-import tempfile
 from unittest import mock
 
 import pytest
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
-from upstream_venv import upstream_env, upstream_trl_python_or_skip
+from upstream_venv import run_upstream_script
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer import grpo_rewards
@@ -474,17 +472,7 @@ print(json.dumps(out))
 def test_trainer_surface_matches_trl_1_16(tiny_lm_path, tmp_path):
     """TRL 1.16's trainer attributes and helpers that subclasses and callbacks read have the same values here, on
     the same model and config (the unsupported features' attributes at TRL's values without them)."""
-    python = upstream_trl_python_or_skip()
-    done = subprocess.run(
-        [python, "-P", "-c", SURFACE_SCRIPT, tiny_lm_path, str(tmp_path / "upstream")],
-        cwd=tempfile.gettempdir(),  # not this repository: `import trl` must find TRL 1.16
-        env={**upstream_env(), "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr
-    upstream = json.loads(done.stdout.strip().splitlines()[-1])
+    upstream = run_upstream_script(SURFACE_SCRIPT, tiny_lm_path, str(tmp_path / "upstream"))
     printed = io.StringIO()
     with mock.patch.object(sys, "argv", ["surface", tiny_lm_path, str(tmp_path / "ours")]):
         with contextlib.redirect_stdout(printed):

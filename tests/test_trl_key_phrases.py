@@ -12,14 +12,12 @@ import dataclasses
 import json
 import logging
 import re
-import subprocess
-import tempfile
 
 import pytest
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
-from upstream_venv import upstream_env, upstream_trl_python_or_skip
+from upstream_venv import run_upstream_script
 
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_losses import aggregate_loss, group_advantages, importance_ratio
@@ -586,18 +584,7 @@ TRL_KINDS["rich_not_installed"] = "ImportError"
 
 @pytest.mark.parity
 def test_key_phrases_are_trl_1_16s(tiny_lm_path, tmp_path):
-    python = upstream_trl_python_or_skip()
-    done = subprocess.run(
-        [python, "-P", "-c", UPSTREAM_SCRIPT, tiny_lm_path, str(tmp_path / "out"), json.dumps(PARSER_FILES)],
-        cwd=tempfile.gettempdir(),  # not this repository: `import trl` must find TRL 1.16
-        # Without PYTHONPATH: with this repository on it, `import trl` would find ours even under `-P`.
-        env={**upstream_env(), "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr
-    upstream = json.loads(done.stdout.strip().splitlines()[-1])
+    upstream = run_upstream_script(UPSTREAM_SCRIPT, tiny_lm_path, str(tmp_path / "out"), json.dumps(PARSER_FILES))
     assert set(upstream) == set(KEY_PHRASES)
     for case, key_phrase in KEY_PHRASES.items():
         kind, message = upstream[case]

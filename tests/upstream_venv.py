@@ -64,3 +64,24 @@ def upstream_trl_python_or_skip() -> str:
             "skipped without the package index (set CI to make this an error): "
             + " ".join(line.strip() for line in reason[:1] + reason[-1:])
         )
+
+
+def run_upstream_script(script: str, *args: str, timeout: int = 240):
+    """Run `script` (Python source) with TRL 1.16's python (`upstream_trl_python_or_skip`), offline, from a folder
+    outside this repository, with `args` as its `sys.argv[1:]`, and return the JSON value its last printed line holds.
+
+    Raises:
+        AssertionError: if the script exits non-zero (with its stderr).
+    """
+    import json
+
+    done = subprocess.run(
+        [upstream_trl_python_or_skip(), "-P", "-c", script, *args],
+        cwd=tempfile.gettempdir(),  # not this repository: `import trl` must find TRL 1.16
+        env=upstream_env(HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
