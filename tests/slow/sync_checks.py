@@ -59,6 +59,33 @@ def conversations(texts: list[str]) -> list[list[dict[str, str]]]:
     return [[{"role": "user", "content": text}] for text in texts]
 
 
+def sampled_chat_batch(model, tokenizer, num_prompts: int, group: int, length: int):
+    """`(ids, prompt_ids, prompt_mask)` on `model`'s device: the first `num_prompts` of `PROMPTS` in the chat
+    template, left-padded (`tokenizer` pads on the left), each repeated `group` times, then `length` tokens sampled
+    after each (seed 0): `ids` `(num_prompts × group, P + length)`, the prompts' ids and mask
+    `(num_prompts × group, P)`."""
+    prompts = tokenizer.apply_chat_template(
+        conversations(PROMPTS[:num_prompts]),
+        add_generation_prompt=True,
+        padding=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    prompt_ids = prompts["input_ids"].repeat_interleave(group, 0).to(model.device)
+    prompt_mask = prompts["attention_mask"].repeat_interleave(group, 0).to(model.device)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        ids = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            max_new_tokens=length,
+            min_new_tokens=length,
+            do_sample=True,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    return ids, prompt_ids, prompt_mask
+
+
 def prompt_dataset():
     from datasets import Dataset
 

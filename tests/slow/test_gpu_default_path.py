@@ -25,13 +25,12 @@ from sync_checks import (
     DEVICE,
     GENERATIONS,
     ON_CPU,
-    PROMPTS,
     TAU,
     SyncChecker,
-    conversations,
     differing,
     length_reward,
     prompt_dataset,
+    sampled_chat_batch,
     tied,
     ulps,
     whole_parameters,
@@ -111,26 +110,8 @@ def scoring_batch(smollm2_path):
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.bfloat16).to(DEVICE)
-    prompts = tokenizer.apply_chat_template(
-        conversations(PROMPTS[:NUM_PROMPTS]),
-        add_generation_prompt=True,
-        padding=True,
-        return_tensors="pt",
-        return_dict=True,
-    )
-    prompt_ids = prompts["input_ids"].repeat_interleave(GROUP, 0).to(DEVICE)
-    prompt_mask = prompts["attention_mask"].repeat_interleave(GROUP, 0).to(DEVICE)
+    ids, prompt_ids, prompt_mask = sampled_chat_batch(model, tokenizer, NUM_PROMPTS, GROUP, LENGTH)
     assert prompt_ids.size(1) > 17 and not prompt_mask.all()  # long enough to share; one prompt is left-padded
-    torch.manual_seed(0)
-    with torch.no_grad():
-        ids = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            max_new_tokens=LENGTH,
-            min_new_tokens=LENGTH,
-            do_sample=True,
-            pad_token_id=tokenizer.eos_token_id,
-        )
     completion_mask = torch.ones_like(ids[:, prompt_ids.size(1) :])
     for row in range(0, ids.size(0), 3):  # ended early, at varied lengths
         completion_mask[row, LENGTH // 4 + row % (LENGTH // 2) :] = 0

@@ -29,15 +29,14 @@ import torch
 from sync_checks import (
     DEVICE,
     ON_CPU,
-    PROMPTS,
     SHORT_STEPS,
     STEPS,
     TAU,
     SyncChecker,
     check_records,
-    conversations,
     length_reward,
     prompt_dataset,
+    sampled_chat_batch,
     slow_config,
     tied,
     whole_parameters,
@@ -180,23 +179,8 @@ def test_shared_prefix_scoring_matches_one_pass(smollm2_path, checkpointing):
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).to(DEVICE)
     num_prompts, group, length = (2, 4, 16) if ON_CPU else (4, 8, 48)
-    texts = PROMPTS[:num_prompts]  # 38 and 39 tokens long with the chat template
-    prompts = tokenizer.apply_chat_template(
-        conversations(texts), add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
-    )
-    prompt_ids = prompts["input_ids"].repeat_interleave(group, 0).to(DEVICE)
-    prompt_mask = prompts["attention_mask"].repeat_interleave(group, 0).to(DEVICE)
-    assert 30 < prompt_ids.size(1) < 50 and not prompt_mask.all()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        ids = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            max_new_tokens=length,
-            min_new_tokens=length,
-            do_sample=True,
-            pad_token_id=tokenizer.eos_token_id,
-        )
+    ids, prompt_ids, prompt_mask = sampled_chat_batch(model, tokenizer, num_prompts, group, length)
+    assert 30 < prompt_ids.size(1) < 50 and not prompt_mask.all()  # 38 and 39 tokens long with the chat template
     completion = ids[:, prompt_ids.size(1) :]
     mask = torch.cat([prompt_mask, torch.ones_like(completion)], 1)
     mask[::5, -length // 3 :] = 0  # completions that ended early
