@@ -348,8 +348,8 @@ def test_reward_processing_classes_must_match_a_single_function(tiny_lm_path, ar
 
 
 def test_unsupported_feature_raises_at_init(grpo_kwargs):
-    with pytest.raises(ValueError, match=r"use_vllm=True asks for vLLM generation, which this package does not"):
-        GRPOConfig(**grpo_kwargs, use_vllm=True)
+    with pytest.raises(ValueError, match=r"use_transformers_continuous_batching=True asks for continuous batching, "):
+        GRPOConfig(**grpo_kwargs, use_transformers_continuous_batching=True)
 
 
 def test_quantization_config_reaches_from_pretrained(tiny_lm_path, arithmetic_dataset, grpo_kwargs):

@@ -37,6 +37,9 @@ KEY_PHRASES = {
     "eval_batch_not_divisible": r"must be divisible by the number of generations used for evaluation \(2\)",
     "hub_repo_without_log_completions": r"log_completions_hub_repo is set, but log_completions is False",
     "use_transformers_paged": r"`use_transformers_paged` is deprecated",
+    "vllm_clip_min_not_below_clip_max": r"vllm_importance_sampling_clip_min \(2\.0\) must be less than "
+    r"vllm_importance_sampling_clip_max \(1\.0\)",
+    "vllm_importance_sampling_cap": r"The `vllm_importance_sampling_cap` argument is deprecated",
     # GRPOTrainer.__init__
     "no_reward_source": r"No reward source provided",
     "reward_weights_mismatch": r"Number of reward weights \(2\) must match number of reward functions \(1\)",
@@ -149,6 +152,10 @@ CONFIG_ERRORS = [
     ("unknown_importance_sampling_level", dict(importance_sampling_level="bogus")),  # TRL: at the first loss
     ("unknown_loss_type", dict(loss_type="bogus")),  # TRL: idem
     ("use_transformers_paged", dict(use_transformers_paged=True)),  # TRL: a FutureWarning, here not supported
+    (
+        "vllm_clip_min_not_below_clip_max",
+        dict(vllm_importance_sampling_clip_min=2.0, vllm_importance_sampling_clip_max=1.0),
+    ),
 ]
 
 
@@ -171,6 +178,11 @@ def test_config_warnings_carry_trl_phrase(base, caplog, case, overrides):
         GRPOConfig(**{**base, **overrides})
     warnings = trl_warnings(caplog)  # TRL: logger.warning too
     assert len(warnings) == 1 and re.search(phrase(case), warnings[0]), warnings
+
+
+def test_deprecated_importance_sampling_cap_carries_trl_phrase(base):
+    with pytest.warns(FutureWarning, match=phrase("vllm_importance_sampling_cap")):  # TRL: a FutureWarning too
+        GRPOConfig(**base, vllm_importance_sampling_cap=2.0)
 
 
 # ---------------------------------------------------------------- GRPOTrainer.__init__
@@ -459,6 +471,9 @@ run("generation_batch_not_divisible_by_num_generations", lambda: config(num_gene
 run("eval_batch_not_divisible", lambda: config(eval_strategy="steps", per_device_eval_batch_size=3))
 run("hub_repo_without_log_completions", lambda: config(log_completions_hub_repo="me/completions"))
 run("use_transformers_paged", lambda: config(use_transformers_paged=True), "FutureWarning")
+run("vllm_clip_min_not_below_clip_max",
+    lambda: config(vllm_importance_sampling_clip_min=2.0, vllm_importance_sampling_clip_max=1.0))
+run("vllm_importance_sampling_cap", lambda: config(vllm_importance_sampling_cap=2.0), "FutureWarning")
 run("no_reward_source", lambda: trainer(reward=None, args=config()))
 run("reward_weights_mismatch", lambda: trainer(args=config(reward_weights=[1.0, 2.0])))
 run("reward_processing_classes_mismatch", lambda: trainer(args=config(), reward_processing_classes=[None, None]))
@@ -577,7 +592,7 @@ TRL_WARNINGS = {
     "script_datasets_and_dataset_name",
 }
 TRL_KINDS = {case: "warning" if case in TRL_WARNINGS else "ValueError" for case in KEY_PHRASES}
-TRL_KINDS["use_transformers_paged"] = "FutureWarning"
+TRL_KINDS["use_transformers_paged"] = TRL_KINDS["vllm_importance_sampling_cap"] = "FutureWarning"
 TRL_KINDS.update(processing_class_type="TypeError", peft_config_type="TypeError", train_dataset_type="TypeError")
 TRL_KINDS["rich_not_installed"] = "ImportError"
 

