@@ -118,6 +118,15 @@ def test_fixed_order_layers_then_the_rest():
     assert names == [n for n, _ in vllm_weights(tiny("llama_untied"))]
 
 
+def test_a_compiled_policy_sends_its_inner_model_names():
+    model = tiny("llama_tied")
+    compiled = torch.compile(model)  # nothing compiles before a forward
+    assert next(iter(compiled.state_dict())).startswith("_orig_mod.")
+    received, expected = list(vllm_weights(compiled)), list(vllm_weights(model))
+    assert [n for n, _ in received] == [n for n, _ in expected]
+    assert all(torch.equal(a, b) and a.data_ptr() == b.data_ptr() for (_, a), (_, b) in zip(received, expected))
+
+
 def test_bf16_policy_yields_bf16_tensors():
     model = tiny("qwen2", torch.bfloat16)
     state = model.state_dict()
@@ -193,6 +202,29 @@ def test_adapters_already_merged_are_not_added_twice():
     got = dict(vllm_weights(policy))
     q = policy.base_model.model.model.layers[0].self_attn.q_proj
     assert torch.equal(got["model.layers.0.self_attn.q_proj.weight"], q.base_layer.weight)
+
+
+def test_a_trained_copy_of_a_tied_head_is_sent_only_when_tied_like_it():
+    from peft import LoraConfig, get_peft_model
+
+    untied = get_peft_model(
+        tiny("llama_tied"), LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])
+    )
+    with pytest.raises(ValueError) as error:
+        next(vllm_weights(untied))
+    assert str(error.value) == (
+        "Cannot send the weights of 'lm_head' to vLLM: its trained copy (`modules_to_save`) is not tied like the "
+        "original weight (tied embeddings), and vLLM's model keeps them tied. Tie the copies "
+        "(`LoraConfig(ensure_weight_tying=True)`) or leave this module out of modules_to_save."
+    )
+    config = LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"], ensure_weight_tying=True)
+    tied = get_peft_model(tiny("llama_tied"), config)
+    copy_ = tied.base_model.model.lm_head.modules_to_save["default"].weight
+    with torch.no_grad():
+        copy_.add_(1.0)  # the embedding's copy is the same tensor
+    received = dict(vllm_weights(tied))
+    assert "lm_head.weight" not in received
+    assert torch.equal(received["model.embed_tokens.weight"], copy_)
 
 
 def test_unsupported_peft_layers_are_refused_by_name():

@@ -2,6 +2,7 @@
 """What the policy sends to a vLLM engine: its full tensors under the checkpoint names vLLM loaded (LoRA adapters
 merged, ZeRO-3 / FSDP2 shards gathered one layer at a time), and the check of a push against what vLLM accepts."""
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -44,13 +45,14 @@ class _Entry:
 
 
 def _unwrap(model: nn.Module, accelerator=None) -> nn.Module:
-    """The bare model under DDP / DeepSpeed / FSDP wrappers, the transformers model under a PEFT model."""
+    """The bare model under DDP / DeepSpeed / FSDP / `torch.compile` wrappers, the transformers model under a PEFT
+    model."""
     if accelerator is not None:
-        model = accelerator.unwrap_model(model)
+        model = accelerator.unwrap_model(model, keep_torch_compile=False)
     else:
         from accelerate.utils import extract_model_from_parallel
 
-        model = extract_model_from_parallel(model)
+        model = extract_model_from_parallel(model, keep_torch_compile=False)
     if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
         model = model.get_base_model()
     return model
@@ -95,6 +97,7 @@ def _entries(model: nn.Module) -> list[list[_Entry]]:
     then one for the rest (embeddings, final norm, head). Tied tensors appear once, under their first name."""
     seen: set[int] = set()
     groups: dict[object, list[_Entry]] = {}
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))  # > 1: a tied weight
     ignored = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # exact names, as save_pretrained drops them
 
     def add(group, entry: _Entry) -> None:
@@ -112,7 +115,15 @@ def _entries(model: nn.Module) -> list[list[_Entry]]:
             return
         if kind == "ModulesToSaveWrapper":  # the active adapter's trained copy, else the original module
             active = [a for a in module.active_adapters if a in module.modules_to_save]
-            walk(module.modules_to_save[active[0]] if active else module.original_module, prefix, group)
+            chosen = module.modules_to_save[active[0]] if active else module.original_module
+            copies = dict(chosen.named_parameters())
+            if any(uses[id(p)] > 1 and uses[id(copies[n])] == 1 for n, p in module.original_module.named_parameters()):
+                raise ValueError(
+                    f"Cannot send the weights of {prefix.rstrip('.')!r} to vLLM: its trained copy (`modules_to_save`) "
+                    "is not tied like the original weight (tied embeddings), and vLLM's model keeps them tied. Tie "
+                    "the copies (`LoraConfig(ensure_weight_tying=True)`) or leave this module out of modules_to_save."
+                )
+            walk(chosen, prefix, group)
             return
         if hasattr(module, "get_base_layer") or kind.endswith("Wrapper") and "peft" in type(module).__module__:
             raise ValueError(
@@ -233,7 +244,8 @@ def vllm_weights(model: nn.Module, accelerator=None) -> Iterator[tuple[str, torc
 
     Raises:
         ValueError: (at the first `next`) for PEFT layers other than plain LoRA on linear layers and
-            `modules_to_save` (DoRA, `lora_bias`, LoRA on embeddings or convolutions, other PEFT methods).
+            `modules_to_save` (DoRA, `lora_bias`, LoRA on embeddings or convolutions, other PEFT methods), and for a
+            `modules_to_save` copy of a tied weight that is not tied like it (vLLM would ignore it).
     """
     bare = _unwrap(model, accelerator)
     for group in _entries(bare):
