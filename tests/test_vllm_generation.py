@@ -5,6 +5,7 @@ The same checks against real vLLM engines are in tests/with_vllm/ (`make vllm_te
 
 import pytest
 import torch
+from conftest import length_reward
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 import trl.generation.vllm_colocate as vllm_colocate
@@ -12,8 +13,6 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.generation.vllm_generation import padded_logprobs
 from trl.generation.vllm_utils import sampling_settings, vllm_distribution
 from trl.trainer.importance_sampling import vllm_importance_sampling_ratio
-
-from conftest import length_reward
 
 
 class StandInEngine:
