@@ -660,20 +660,7 @@ def _acting_readers(name: str) -> list[str]:
     return readers
 
 
-# vLLM fields nothing in trl/ reads yet, while the trainer's vLLM path is being written (issue 42): expected to fail
-# until then, and a strict xfail fails as soon as one is read, to be removed from this set.
-NOT_READ_YET = set(VLLM_ACTED_ON)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="issue 42: not read yet"))
-        if name in NOT_READ_YET
-        else name
-        for name in sorted(ACTED_ON)
-    ],
-)
+@pytest.mark.parametrize("name", sorted(ACTED_ON))
 def test_an_acted_on_field_is_read_outside_the_config(name):
     assert _acting_readers(name), f"nothing in trl/ reads {name}"
 

@@ -38,6 +38,8 @@ class ColocateEngine:
         max_num_seqs: the most rows one `generate` call sends.
         seed: the engine's seed (each request also carries its own).
         device: the trainer's device; `"cpu"` selects the CPU settings above.
+        tensor_parallel_size: `vllm_tensor_parallel_size`; `GRPOConfig` refuses more than 1 in colocate mode (one engine
+            per training process), so this is 1.
 
     Raises:
         ImportError: from `require_vllm` (no vLLM, or an older one).
@@ -54,6 +56,7 @@ class ColocateEngine:
         max_num_seqs: int = 64,
         seed: int = 0,
         device: str = "cpu",
+        tensor_parallel_size: int = 1,
     ):
         self.vllm = require_vllm()
         cpu = device == "cpu"
@@ -71,6 +74,7 @@ class ColocateEngine:
                 model_impl=model_impl,
                 max_num_seqs=max_num_seqs,
                 seed=seed,
+                tensor_parallel_size=tensor_parallel_size,
                 enforce_eager=cpu,
                 logprobs_mode="processed_logprobs",
             )

@@ -154,6 +154,7 @@ def build_vllm_generation(args, model, processing_class, given_path: str | None,
             max_num_seqs=rows,
             seed=args.seed + accelerator.process_index,
             device=accelerator.device.type,
+            tensor_parallel_size=args.vllm_tensor_parallel_size,
         )
         return VLLMGeneration(engine, model, accelerator, colocate=True, in_sync=in_sync)
     client = None
