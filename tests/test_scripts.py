@@ -218,9 +218,9 @@ def test_resolve_reward_func(tmp_path):
 
 def test_console_script_usage(capsys):
     assert cli_main([]) == 2
-    assert "usage: trl {grpo,convert-gguf,env}" in capsys.readouterr().err  # a usage error goes to stderr
+    assert "usage: trl {grpo,vllm-serve,convert-gguf,env}" in capsys.readouterr().err  # a usage error goes to stderr
     assert cli_main(["--help"]) == 0
-    assert "usage: trl {grpo,convert-gguf,env}" in capsys.readouterr().out
+    assert "usage: trl {grpo,vllm-serve,convert-gguf,env}" in capsys.readouterr().out
 
 
 def test_shipped_example_yaml_parses():

@@ -8,6 +8,7 @@ import torch
 from conftest import length_reward
 from transformers import AutoModelForCausalLM, TrainerCallback
 
+import trl.generation.vllm_client as vllm_client
 import trl.generation.vllm_colocate as vllm_colocate
 from trl import GRPOConfig, GRPOTrainer
 from trl.generation.vllm_generation import padded_logprobs
@@ -76,6 +77,19 @@ def stand_in(monkeypatch):
     StandInEngine.instances = []
 
 
+class StandInServer(StandInEngine):
+    """`VLLMServerClient`'s stand-in: serves `model_path` (set by the test), records how it was reached."""
+
+    model_path = None
+
+    def __init__(self, **connection):
+        super().__init__(self.model_path, torch.float32)
+        self.connection, self.waited = connection, False
+
+    def wait_until_healthy(self):
+        self.waited = True
+
+
 class PushChecks(TrainerCallback):
     """Wraps the trainer's `sync_weights`: after each push, the engine's weights must equal the policy's bitwise."""
 
@@ -139,6 +153,32 @@ def test_a_model_object_is_pushed_before_the_first_generation(stand_in, tiny_lm_
     checks = PushChecks(trainer)
     trainer.train()
     assert checks.pushed_at == [0, 1]
+
+
+def test_server_mode_pushes_before_the_first_generation(
+    stand_in, monkeypatch, tiny_lm_path, grpo_kwargs, arithmetic_dataset
+):
+    monkeypatch.setattr(vllm_client, "VLLMServerClient", StandInServer)
+    monkeypatch.setattr(StandInServer, "model_path", tiny_lm_path)
+    trainer = vllm_trainer(
+        tiny_lm_path,
+        grpo_kwargs,
+        arithmetic_dataset,
+        vllm_mode="server",
+        vllm_server_base_url="http://server:9000/",
+        vllm_group_port=51300,
+        vllm_server_timeout=12.5,
+        max_steps=2,
+        gradient_accumulation_steps=1,
+    )
+    server = trainer.vllm_generation.generator
+    assert trainer.vllm_client is server and trainer.llm is None and server.waited
+    assert server.connection == dict(
+        base_url="http://server:9000/", host="0.0.0.0", port=8000, group_port=51300, timeout=12.5
+    )
+    checks = PushChecks(trainer)
+    trainer.train()
+    assert checks.pushed_at == [0, 1]  # the server's model is not known to be the policy: pushed first
 
 
 def test_sampling_seeds_and_settings(stand_in, tiny_lm_path, grpo_kwargs, arithmetic_dataset):

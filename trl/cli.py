@@ -1,5 +1,5 @@
 # Copyright 2026 The iterative-GRPO trl authors. Licensed under the Apache License, Version 2.0.
-"""The `trl` console script: `trl grpo [flags] [--config file.yaml]` and `trl convert-gguf`.
+"""The `trl` console script: `trl grpo [flags] [--config file.yaml]`, `trl vllm-serve`, `trl convert-gguf`, `trl env`.
 
 A configuration error of `trl grpo` (raised while parsing the flags, loading the dataset or building the trainer)
 prints one line, `trl grpo: error: <message>`, to stderr and exits with status 2, as argparse does for a bad flag.
@@ -19,10 +19,11 @@ import sys
 from .scripts.utils import TRACEBACK_FLAG
 
 
-COMMANDS = ("grpo", "convert-gguf", "env")
-USAGE = """usage: trl {grpo,convert-gguf,env} ... [--traceback]
+COMMANDS = ("grpo", "vllm-serve", "convert-gguf", "env")
+USAGE = """usage: trl {grpo,vllm-serve,convert-gguf,env} ... [--traceback]
 
   grpo          train with (iterative) GRPO; `trl grpo --help` lists every flag
+  vllm-serve    start a vLLM server to generate with (use_vllm=True, vllm_mode="server"); `trl vllm-serve --help`
   convert-gguf  write a GGUF checkpoint as a plain Hugging Face folder; `trl convert-gguf --help`
   env           print the versions of this package, Python and the libraries it uses (for bug reports)
 
@@ -107,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "convert-gguf":
         convert_gguf_main(argv[1:])
         return 0
+    if argv[0] == "vllm-serve":
+        from .scripts.vllm_serve import command as vllm_serve
+
+        return vllm_serve(argv[1:])
     from .scripts.grpo import command
 
     given.remove(argv[0])  # the command's name; `command` reads `--traceback` wherever it stands

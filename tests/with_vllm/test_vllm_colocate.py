@@ -4,66 +4,24 @@ against transformers, and iterative GRPO trained through it (hard and soft syncs
 
 import pytest
 import torch
-from conftest import length_reward, real_grpo_kwargs
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from vllm_checks import (
+    LOGPROB_TOLERANCE,
+    GreedyAfterEachPush,
+    chat_prompt,
+    logged,
+    logprob_error,
+    losses,
+    settings,
+    transformers_greedy,
+    vllm_greedy,
+    vllm_trainer,
+)
 
-from trl import GRPOConfig, GRPOTrainer
 from trl.generation.vllm_colocate import ColocateEngine
-from trl.tasks import SUM_QUESTION, make_arithmetic_dataset
 
 
 peft = pytest.importorskip("peft")
-
-GREEDY_TOKENS = 12
-# vLLM's float32 log-probs against transformers' for the same tokens and weights (FINDINGS: 2.5e-5 observed)
-LOGPROB_TOLERANCE = 1e-4
-
-
-def sum_questions(n: int = 8):
-    return make_arithmetic_dataset(n, seed=0, conversational=True, template=SUM_QUESTION)
-
-
-def chat_prompt(tokenizer, text: str) -> list[int]:
-    messages = [{"role": "user", "content": text}]
-    return list(
-        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
-            "input_ids"
-        ]
-    )
-
-
-def settings(**overrides) -> dict:
-    base = dict(
-        temperature=1.0,
-        top_p=1.0,
-        top_k=-1,
-        min_p=0.0,
-        repetition_penalty=1.0,
-        max_tokens=GREEDY_TOKENS,
-        stop_token_ids=[2],
-        logprobs=0,
-        detokenize=False,
-        structured_outputs_regex=None,
-    )
-    return {**base, **overrides}
-
-
-@torch.no_grad()
-def transformers_greedy(model, prompt: list[int], eos: int = 2) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=GREEDY_TOKENS,
-        eos_token_id=eos,
-        pad_token_id=eos,
-    )
-    return out[0, len(prompt) :].tolist()
-
-
-def vllm_greedy(generator, prompt: list[int]) -> list[int]:
-    return generator.generate([prompt], settings(temperature=0.0), [0])[0][0]
 
 
 @pytest.fixture(scope="module")
@@ -106,16 +64,8 @@ def test_greedy_equals_transformers_and_follows_pushed_weights(engine, hf_model,
 
 
 def sampled_logprob_error(engine, hf_model, rows, seeds, temperature=0.7) -> float:
-    """The largest difference between vLLM's log-probs of the tokens it sampled and transformers' of those tokens."""
     ids, logps = engine.generate(rows, settings(temperature=temperature, max_tokens=10), seeds)
-    worst = 0.0
-    with torch.no_grad():
-        for prompt, completion, values in zip(rows, ids, logps):
-            logits = hf_model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
-            expected = (logits.float() / temperature).log_softmax(-1)
-            expected = expected.gather(1, torch.tensor(completion)[:, None])[:, 0]
-            worst = max(worst, (expected - torch.tensor(values)).abs().max().item())
-    return worst
+    return logprob_error(hf_model, rows, ids, logps, temperature)
 
 
 def test_sampled_logprobs_match_transformers(engine, hf_model, tokenizer):
@@ -143,50 +93,9 @@ def test_structured_outputs_regex(engine, tokenizer):
 # ---- training through the engine ----
 
 
-class GreedyAfterEachPush(TrainerCallback):
-    """After every push: vLLM's greedy completion of a chat prompt equals transformers' from the trainer's current
-    policy (a PEFT policy generates with its adapter); records the optimizer step of each push."""
-
-    def __init__(self, trainer, tokenizer):
-        self.trainer, self.pushed_at = trainer, []
-        self.prompt = chat_prompt(tokenizer, "What is 12 + 30? Answer with the number only.")
-        sync = trainer.vllm_generation.sync_weights
-
-        def checked(model, version):
-            pushed = sync(model, version)
-            if pushed:
-                policy = trainer.accelerator.unwrap_model(trainer.model)
-                expected = transformers_greedy(policy, self.prompt)
-                assert vllm_greedy(trainer.vllm_generation.generator, self.prompt) == expected
-                self.pushed_at.append(trainer.state.global_step)
-            return pushed
-
-        trainer.vllm_generation.sync_weights = checked
-
-
-def colocate_trainer(model_path, output_dir, peft_config=None, **overrides):
-    kwargs = real_grpo_kwargs(
-        str(output_dir),
-        use_vllm=True,
-        vllm_mode="colocate",
-        vllm_max_model_length=256,
-        learning_rate=1e-4,  # changes greedy completions within a few steps
-        sync_ref_model=True,
-        ref_model_sync_steps=1,
-        **overrides,
-    )
-    return GRPOTrainer(
-        model_path, length_reward, args=GRPOConfig(**kwargs), train_dataset=sum_questions(), peft_config=peft_config
-    )
-
-
-def logged(trainer, key):
-    return [h[key] for h in trainer.state.log_history if key in h]
-
-
 def test_hard_sync_save_and_resume(smollm2_path, tokenizer, tmp_path):
     common = dict(ref_model_mixup_alpha=1.0, max_steps=3, save_strategy="steps", save_steps=2, save_only_model=False)
-    full = colocate_trainer(smollm2_path, tmp_path / "out", **common)
+    full = vllm_trainer(smollm2_path, tmp_path / "out", "colocate", **common)
     checks = GreedyAfterEachPush(full, tokenizer)
     full.train()
     assert checks.pushed_at == [1, 2] and full.vllm_generation.pushes == 2  # one per change before a generation
@@ -196,15 +105,15 @@ def test_hard_sync_save_and_resume(smollm2_path, tokenizer, tmp_path):
     assert logged(full, "ref_model/num_syncs")[-1] == 3
     final = {k: v.clone() for k, v in full.model.state_dict().items()}
     final_ref = {k: v.clone() for k, v in full.ref_model.state_dict().items()}
-    losses = [(h["step"], h["loss"]) for h in full.state.log_history if "loss" in h]
+    full_losses = losses(full)
     full.vllm_generation.close()
     del full
 
-    resumed = colocate_trainer(smollm2_path, tmp_path / "resumed", **common)
+    resumed = vllm_trainer(smollm2_path, tmp_path / "resumed", "colocate", **common)
     resumed_checks = GreedyAfterEachPush(resumed, tokenizer)
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     assert resumed_checks.pushed_at == [2]  # the checkpoint's weights, before the first generation after the resume
-    assert [(h["step"], h["loss"]) for h in resumed.state.log_history if "loss" in h] == losses  # step 3 bitwise
+    assert losses(resumed) == full_losses  # step 3 bitwise
     for name, value in resumed.model.state_dict().items():
         assert torch.equal(value, final[name]), name
     for name, value in resumed.ref_model.state_dict().items():
@@ -214,8 +123,8 @@ def test_hard_sync_save_and_resume(smollm2_path, tokenizer, tmp_path):
 
 def test_soft_sync_with_lora_pushes_merged_weights(smollm2_path, tokenizer, tmp_path):
     lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "gate_proj"], task_type="CAUSAL_LM")
-    trainer = colocate_trainer(
-        smollm2_path, tmp_path / "lora", peft_config=lora, ref_model_mixup_alpha=0.5, max_steps=2
+    trainer = vllm_trainer(
+        smollm2_path, tmp_path / "lora", "colocate", peft_config=lora, ref_model_mixup_alpha=0.5, max_steps=2
     )
     checks = GreedyAfterEachPush(trainer, tokenizer)
     base = {k: v.clone() for k, v in trainer.model.get_base_model().state_dict().items() if "lora_" not in k}

