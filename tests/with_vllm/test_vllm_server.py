@@ -23,6 +23,7 @@ from vllm_checks import (
     logprob_error,
     losses,
     transformers_greedy,
+    trl_grpo_flags,
     vllm_trainer,
 )
 
@@ -227,3 +228,14 @@ def test_lora_soft_sync_save_and_resume_through_the_server(server, model_path, h
     for name, value in resumed.reference.tensors(resumed.model).items():
         assert torch.equal(value, reference[name]), name
     resumed.vllm_generation.close()
+
+
+def test_trl_grpo_command_line_with_the_server(server, model_path, tmp_path):
+    from trl.scripts.grpo import run
+
+    port = server.base_url.rsplit(":", 1)[1]
+    extra = ["--vllm_server_host", "127.0.0.1", "--vllm_server_port", port, "--vllm_group_port", str(free_port())]
+    trainer = run(trl_grpo_flags(model_path, tmp_path / "cli", "server", *extra))
+    assert trainer.state.global_step == 2 and trainer.vllm_generation.pushes == 2  # first the policy, then step 1's
+    assert max(logged(trainer, "sampling/sampling_logp_difference/max")) < LOGPROB_TOLERANCE
+    trainer.vllm_generation.close()

@@ -123,3 +123,23 @@ def logged(trainer, key) -> list:
 
 def losses(trainer) -> list[tuple]:
     return [(h["step"], h["loss"], h.get("kl")) for h in trainer.state.log_history if "loss" in h]
+
+
+def trl_grpo_flags(model_path, output_dir, vllm_mode: str, *extra: str) -> list[str]:
+    """`trl grpo` flags as a TRL 1.16 user writes them, with `--use_vllm`: SmolLM2, the sum questions as a JSON-lines
+    file, 2 steps with a hard sync after each."""
+    data = str(output_dir) + ".jsonl"
+    sum_questions().to_json(data)
+    flags = [
+        "--model_name_or_path",
+        str(model_path),
+        "--dataset_name",
+        data,
+        "--reward_funcs",
+        "conftest:length_reward",
+    ]
+    flags += ["--use_vllm", "true", "--vllm_mode", vllm_mode, "--vllm_max_model_length", "256", *extra]
+    flags += ["--sync_ref_model", "true", "--ref_model_sync_steps", "1", "--beta", "0.04", "--max_steps", "2"]
+    flags += ["--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "8"]
+    flags += ["--use_cpu", "true", "--bf16", "false", "--gradient_checkpointing", "false", "--report_to", "none"]
+    return flags + ["--save_strategy", "no", "--logging_steps", "1", "--output_dir", str(output_dir)]

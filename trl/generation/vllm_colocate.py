@@ -19,7 +19,9 @@ class ColocateEngine:
     """An in-process `vllm.LLM` on the trainer's device (the `VLLMGenerator` protocol of `vllm_utils`).
 
     The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` while it is built: a separate engine
-    process could not take weights as tensors), with `logprobs_mode="processed_logprobs"` (the log-probs of the
+    process could not take weights as tensors); when training runs on several processes, each engine uses their
+    torch.distributed run (`distributed_executor_backend="external_launcher"`; measured with 2 gloo processes on the
+    CPU), and alone it starts a one-process group of its own; with `logprobs_mode="processed_logprobs"` (the log-probs of the
     distribution sampled from, after the temperature), the weight-loading worker extension of `vllm_worker_ext` and, on
     the CPU, `enforce_eager=True` (without it vLLM compiles
     the model for minutes) and vLLM's OpenMP threads left unbound (they share the cores with training). Environment
@@ -58,6 +60,10 @@ class ColocateEngine:
     ):
         self.vllm = require_vllm()
         cpu = device == "cpu"
+        # several training processes: each engine joins the torch.distributed run they already share (vLLM's
+        # "external_launcher") instead of starting one of its own
+        launched = torch.distributed.is_available() and torch.distributed.is_initialized()
+        launched = launched and torch.distributed.get_world_size() > 1
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         if cpu:
             env.update(CPU_ENVIRONMENT)
@@ -76,6 +82,7 @@ class ColocateEngine:
                 enforce_eager=cpu,
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=WORKER_EXTENSION,
+                distributed_executor_backend="external_launcher" if launched else None,
             )
         logger.info(f"vLLM colocate engine for {model} ready in {time.perf_counter() - start:.1f} s.")
 
