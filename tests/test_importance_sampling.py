@@ -161,3 +161,36 @@ def test_metrics_of_nothing_are_zero():
     torch.testing.assert_close(ratio, torch.ones(2, 1))
     sequence = importance_sampling_metrics(logps, logps, mask, ratio, "sequence_mask")
     assert [value.item() for value in sequence.values()] == [0.0, 0.0, 1.0, 1.0, 1.0]
+
+
+def test_metrics_are_reduced_over_processes_as_trl_logs_them():
+    from trl.trainer.importance_sampling import reduced_over_processes
+
+    other = {  # what a second process computed
+        "sampling/sampling_logp_difference/mean": 0.5,
+        "sampling/sampling_logp_difference/max": 0.25,
+        "sampling/importance_sampling_ratio/min": 0.5,
+        "sampling/importance_sampling_ratio/mean": 2.0,
+        "sampling/importance_sampling_ratio/max": 4.0,
+    }
+    ours = {
+        "sampling/sampling_logp_difference/mean": 0.25,
+        "sampling/sampling_logp_difference/max": 1.0,
+        "sampling/importance_sampling_ratio/min": 0.75,
+        "sampling/importance_sampling_ratio/mean": 1.0,
+        "sampling/importance_sampling_ratio/max": 3.0,
+    }
+
+    names = iter(ours)  # gathered in the order of the metrics
+
+    def gather(value):  # two processes: ours, then the other's
+        return torch.tensor([value.item(), other[next(names)]])
+
+    reduced = reduced_over_processes({k: torch.tensor(v) for k, v in ours.items()}, gather)
+    assert reduced == {
+        "sampling/sampling_logp_difference/mean": 0.375,
+        "sampling/sampling_logp_difference/max": 1.0,
+        "sampling/importance_sampling_ratio/min": 0.5,
+        "sampling/importance_sampling_ratio/mean": 1.5,
+        "sampling/importance_sampling_ratio/max": 4.0,
+    }

@@ -98,7 +98,7 @@ from .grpo_rewards import (
     raise_on_every_process,
     weighted_rewards,
 )
-from .importance_sampling import importance_sampling_metrics, vllm_importance_sampling_ratio
+from .importance_sampling import importance_sampling_metrics, reduced_over_processes, vllm_importance_sampling_ratio
 from .reward_model_refresh import RewardModelRefresh
 from .trl_compat import (
     TRLTrainerSurface,
@@ -600,10 +600,8 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         metrics = importance_sampling_metrics(
             old_per_token_logps, sampling, mask, ratio, args.vllm_importance_sampling_mode
         )
-        for key, value in metrics.items():
-            values = gather(value.reshape(1))
-            reduced = values.max() if key.endswith("/max") else values.min() if key.endswith("/min") else values.mean()
-            self._metrics[mode][key].append(reduced.item())
+        for key, value in reduced_over_processes(metrics, gather).items():
+            self._metrics[mode][key].append(value)
 
     def _calculate_rewards(
         self, inputs: list[dict], prompts: list, completions: list, completion_ids_list: list

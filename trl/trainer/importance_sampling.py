@@ -160,3 +160,16 @@ def importance_sampling_metrics(
         f"{RATIO_METRIC}/mean": reduce(ratio, torch.mean),
         f"{RATIO_METRIC}/max": reduce(ratio, torch.max),
     }
+
+
+def reduced_over_processes(metrics: dict[str, torch.Tensor], gather) -> dict[str, float]:
+    """`importance_sampling_metrics` of every process in one value each, as TRL 1.16 logs them: the mean of the
+    processes' means, the largest maximum and the smallest minimum. `gather` is accelerate's (`(1,)` tensors in, the
+    processes' values out)."""
+    reduced = {}
+    for name, value in metrics.items():
+        values = gather(value.reshape(1))
+        reduced[name] = (
+            values.max() if name.endswith("/max") else values.min() if name.endswith("/min") else values.mean()
+        ).item()
+    return reduced
