@@ -347,8 +347,9 @@ INVALID = [
     ),
     (
         dict(use_vllm=True, vllm_enable_sleep_mode=True),  # `base` is a CPU run
-        "vllm_enable_sleep_mode=True on the CPU: vLLM has no sleep mode there (its CPU build refuses it: 'Sleep mode "
-        "is not supported on current platform'); set vllm_enable_sleep_mode=False for a CPU run.",
+        "vllm_enable_sleep_mode=True is not supported here yet (vLLM has no sleep mode on the CPU): set "
+        "vllm_enable_sleep_mode=False; the engine then keeps its weights and KV cache between generations (lower "
+        "vllm_gpu_memory_utilization to leave the trainer more memory).",
     ),
     (
         dict(use_transformers_continuous_batching=True),
@@ -406,7 +407,7 @@ def test_pad_to_multiple_of_values(base, value, expected):
 def test_vllm_fields_are_accepted_while_vllm_is_off(base):
     args = GRPOConfig(**base, vllm_mode="server", vllm_gpu_memory_utilization=0.5, log_multimodal=False)
     assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (False, "server", 0.5)
-    # what only a vLLM run refuses: tensor parallelism in colocate mode, sleep mode on the CPU
+    # what only a vLLM run refuses: tensor parallelism and sleep mode in colocate mode
     args = GRPOConfig(**base, vllm_tensor_parallel_size=2, vllm_enable_sleep_mode=True)
     assert (args.use_vllm, args.vllm_tensor_parallel_size, args.vllm_enable_sleep_mode) == (False, 2, True)
 
@@ -429,10 +430,12 @@ def test_use_vllm_is_accepted(base):
     assert (edges.vllm_importance_sampling_clip_min, edges.vllm_importance_sampling_clip_max) == (0.0, None)
 
 
-def test_vllm_sleep_mode_is_accepted_off_the_cpu(base, monkeypatch):
+def test_vllm_sleep_mode_is_refused_on_a_gpu_too(base, monkeypatch):
     _forced_device(monkeypatch, "cuda")
-    args = GRPOConfig(**{**base, "use_cpu": False}, bf16=False, use_vllm=True, vllm_enable_sleep_mode=True)
-    assert (args.device.type, args.use_vllm, args.vllm_enable_sleep_mode) == ("cuda", True, True)
+    with pytest.raises(ValueError, match=r"vllm_enable_sleep_mode=True is not supported here yet \(it has not run"):
+        GRPOConfig(**{**base, "use_cpu": False}, bf16=False, use_vllm=True, vllm_enable_sleep_mode=True)
+    server = GRPOConfig(**{**base, "use_cpu": False}, bf16=False, use_vllm=True, vllm_mode="server")
+    assert server.vllm_enable_sleep_mode is False
 
 
 def test_deprecated_importance_sampling_cap_becomes_clip_max(base):

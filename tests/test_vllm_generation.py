@@ -91,28 +91,35 @@ class StandInServer(StandInEngine):
 
 
 class PushChecks(TrainerCallback):
-    """Wraps the trainer's `sync_weights`: after each push, the engine's weights must equal the policy's bitwise."""
+    """Wraps the trainer's `sync_weights` and `generate`: at every generation (training and evaluation), the engine's
+    weights equal the policy's bitwise; records the optimizer step of each push and counts the generations."""
 
     def __init__(self, trainer):
-        self.trainer, self.pushed_at = trainer, []
-        sync = trainer.vllm_generation.sync_weights
+        self.trainer, self.pushed_at, self.generations = trainer, [], 0
+        vllm = trainer.vllm_generation
+        sync, generate = vllm.sync_weights, vllm.generate
 
-        def checked(model, version):
+        def checked_sync(model, version):
             pushed = sync(model, version)
             if pushed:
-                engine = trainer.vllm_generation.generator
-                policy = trainer.accelerator.unwrap_model(trainer.model).state_dict()
-                for name, value in engine.model.state_dict().items():
-                    assert torch.equal(value, policy[name]), name
                 self.pushed_at.append(trainer.state.global_step)
             return pushed
 
-        trainer.vllm_generation.sync_weights = checked
+        def checked_generate(*args):
+            policy = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+            for name, value in vllm.generator.model.state_dict().items():
+                assert torch.equal(value, policy[name]), f"vLLM samples with a stale {name}"
+            self.generations += 1
+            return generate(*args)
+
+        vllm.sync_weights, vllm.generate = checked_sync, checked_generate
 
 
-def vllm_trainer(model, grpo_kwargs, dataset, **overrides):
+def vllm_trainer(model, grpo_kwargs, dataset, eval_dataset=None, **overrides):
     args = GRPOConfig(**{**grpo_kwargs, "use_vllm": True, "vllm_mode": "colocate", **overrides})
-    return GRPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset)
+    return GRPOTrainer(
+        model=model, reward_funcs=length_reward, args=args, train_dataset=dataset, eval_dataset=eval_dataset
+    )
 
 
 @pytest.mark.parametrize(
@@ -142,7 +149,38 @@ def test_weights_reach_vllm_before_each_generation_that_follows_a_change(
     # loaded from the policy's own folder: in sync at the start, then one push per change followed by a generation
     assert checks.pushed_at == expected_pushes_at
     assert trainer.vllm_generation.pushes == len(expected_pushes_at) == len(stand_in.instances[0].loads)
-    assert trainer.llm is stand_in.instances[0] and trainer.vllm_client is None
+    assert trainer.vllm_generation.llm is stand_in.instances[0] and trainer.vllm_generation.vllm_client is None
+
+
+def test_every_change_reaches_vllm_before_it_samples(stand_in, tiny_lm_path, grpo_kwargs, arithmetic_dataset):
+    """Evaluation during training, several iterations per generation batch, a second `train()` call (its
+    `global_step` starts at 0 again), and the best checkpoint loaded at the end, then evaluated."""
+    trainer = vllm_trainer(
+        tiny_lm_path,
+        grpo_kwargs,
+        arithmetic_dataset,
+        eval_dataset=arithmetic_dataset.select(range(2)),  # one eval batch: 2 prompts × 4
+        eval_strategy="steps",
+        eval_steps=1,
+        per_device_eval_batch_size=8,
+        num_iterations=2,
+        gradient_accumulation_steps=1,
+        max_steps=3,
+        save_strategy="steps",
+        save_steps=1,
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_loss",
+    )
+    checks = PushChecks(trainer)
+    trainer.train()
+    # generations at steps 0 and 2 (2 iterations each), evaluations after steps 1, 2 and 3
+    assert checks.pushed_at == [1, 2, 3]
+    trainer.evaluate()  # on the best checkpoint's weights, loaded at the end of training
+    assert checks.generations == 2 + 3 + 1 and len(checks.pushed_at) == 4
+    trainer.train()  # a second call trains 3 steps from step 0 again, from the best weights vLLM already holds
+    assert checks.pushed_at[4:] == [1, 2, 3] and trainer.vllm_generation.pushes == 7
+    metrics = [h for h in trainer.state.log_history if "eval_sampling/importance_sampling_ratio/mean" in h]
+    assert len(metrics) == 3 and all(h["eval_sampling/importance_sampling_ratio/mean"] > 0.999 for h in metrics)
 
 
 def test_a_model_object_is_pushed_before_the_first_generation(stand_in, tiny_lm_path, grpo_kwargs, arithmetic_dataset):
@@ -172,7 +210,7 @@ def test_server_mode_pushes_before_the_first_generation(
         gradient_accumulation_steps=1,
     )
     server = trainer.vllm_generation.generator
-    assert trainer.vllm_client is server and trainer.llm is None and server.waited
+    assert trainer.vllm_generation.vllm_client is server and trainer.vllm_generation.llm is None and server.waited
     assert server.connection == dict(
         base_url="http://server:9000/", host="0.0.0.0", port=8000, group_port=51300, timeout=12.5
     )

@@ -256,8 +256,8 @@ def test_check_names_accepts_the_engine_names_and_refuses_anything_else():
     with pytest.raises(ValueError) as error:
         check_vllm_weight_names(meta, expected)
     assert str(error.value) == (
-        "Refused to push the policy's weights to vLLM (nothing was sent): they do not match the model the vLLM "
-        "engine was created with; unknown names (2): lm_head.weight, base_model.model.model.norm.weight; wrong "
+        "Refused to push the policy's weights to vLLM (nothing was sent): they do not match the policy's names and "
+        "shapes when the trainer was built; unknown names (2): lm_head.weight, base_model.model.model.norm.weight; wrong "
         "shapes (1): model.layers.0.self_attn.q_proj.weight (32, 31) instead of (32, 32); missing names (1): "
         "model.layers.1.mlp.up_proj.weight. A reload that fails leaves the engine unusable."
     )

@@ -40,6 +40,7 @@ class ColocateEngine:
         device: the trainer's device; `"cpu"` selects the CPU settings above.
         tensor_parallel_size: `vllm_tensor_parallel_size`; `GRPOConfig` refuses more than 1 in colocate mode (one engine
             per training process), so this is 1.
+        trust_remote_code: `GRPOConfig.trust_remote_code`, as the policy was loaded.
 
     Raises:
         ImportError: from `require_vllm` (no vLLM, or an older one).
@@ -57,6 +58,7 @@ class ColocateEngine:
         seed: int = 0,
         device: str = "cpu",
         tensor_parallel_size: int = 1,
+        trust_remote_code: bool = False,
     ):
         self.vllm = require_vllm()
         cpu = device == "cpu"
@@ -79,6 +81,7 @@ class ColocateEngine:
                 max_num_seqs=max_num_seqs,
                 seed=seed,
                 tensor_parallel_size=tensor_parallel_size,
+                trust_remote_code=trust_remote_code,
                 enforce_eager=cpu,
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=WORKER_EXTENSION,

@@ -3,10 +3,12 @@
 when the policy's weights are pushed to it (before a generation that follows a change of the weights, and only then)."""
 
 import os
+import shutil
 import tempfile
 
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
+from transformers import TrainerCallback
 from transformers.utils import logging
 
 from ..models.utils import model_init_kwargs
@@ -16,31 +18,62 @@ from .weight_sync import check_vllm_weight_names, vllm_weight_shapes, vllm_weigh
 logger = logging.get_logger(__name__)
 
 
-def engine_model_source(model, processing_class, given_path: str | None, model_init_kwargs: dict) -> tuple[str, bool]:
-    """Where a colocated vLLM engine loads the policy from, and whether what it loads is the policy's weights.
+# `from_pretrained` keyword arguments that load the same weights vLLM reads from the folder (anything else, e.g. a
+# `revision` or `subfolder`, sends the engine to a saved copy of the policy instead)
+SAME_WEIGHTS_KWARGS = {
+    "dtype",
+    "torch_dtype",
+    "attn_implementation",
+    "device_map",
+    "low_cpu_mem_usage",
+    "trust_remote_code",
+}
 
-    The path the trainer loaded the policy from when it was given as a path (not for a GGUF file or a quantized load,
-    which vLLM would read differently) holds exactly the policy: the engine starts in sync, and the first push waits
-    for the first change. A model given as an object is loaded from its `name_or_path` folder (the base model's for a
-    PEFT model) when there is one, and gets the policy's weights before its first generation; a model without a folder
-    is saved (with its tokenizer) to a temporary folder, which then holds the policy.
+
+def engine_model_source(
+    model, processing_class, given_path: str | None, model_init_kwargs: dict
+) -> tuple[str, bool, bool]:
+    """Where a colocated vLLM engine loads the policy from, whether what it loads is the policy's weights, and whether
+    that folder is a temporary copy (deleted once the engine is built).
+
+    The path the trainer loaded the policy from, when it was given as a path and loaded plainly (no GGUF file, no
+    quantization, no `from_pretrained` argument beyond `SAME_WEIGHTS_KWARGS`), holds exactly the policy: the engine
+    starts in sync, and the first push waits for the first change. A model given as an object is loaded from its
+    `name_or_path` folder (the base model's for a PEFT model) when there is one, and gets the policy's weights before
+    its first generation. Otherwise the policy (its base model) is saved with its tokenizer to a temporary folder,
+    which then holds it.
 
     Returns:
-        `(path or hub id, in_sync)`. A PEFT policy is never in sync at the start (its adapter is merged into what
-        vLLM serves), so it is pushed before the first generation.
+        `(path or hub id, in_sync, temporary)`. A PEFT policy is never in sync at the start (its adapter is merged
+        into what vLLM serves), so it is pushed before the first generation.
     """
-    base = model.get_base_model() if hasattr(model, "peft_config") else model
-    plain_load = "gguf_file" not in model_init_kwargs and not getattr(base, "is_quantized", False)
     peft = hasattr(model, "peft_config")
+    base = model.get_base_model() if peft else model
+    plain_load = set(model_init_kwargs) <= SAME_WEIGHTS_KWARGS
     if given_path is not None and plain_load:
-        return given_path, not peft
+        return given_path, not peft, False
     source = getattr(base, "name_or_path", "") or ""
-    if os.path.isfile(os.path.join(source, "config.json")) and given_path is None:
-        return source, False
+    if given_path is None and os.path.isfile(os.path.join(source, "config.json")):
+        return source, False, False
     folder = tempfile.mkdtemp(prefix="trl-vllm-model-")
     base.save_pretrained(folder)
     processing_class.save_pretrained(folder)
-    return folder, not peft
+    return folder, not peft, True
+
+
+class PolicyVersion(TrainerCallback):
+    """Counts the changes of the policy's weights: every optimizer step (`on_optimizer_step`) and every load of
+    weights into it (`bump`: a checkpoint resumed from, the best model loaded at the end). It is never reset, so a
+    second `train()` call, whose `global_step` starts again, still sees its changes."""
+
+    def __init__(self):
+        self.value = 0
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.value += 1
+
+    def bump(self) -> None:
+        self.value += 1
 
 
 class VLLMGeneration:
@@ -51,9 +84,10 @@ class VLLMGeneration:
     - `"server"`: the main process talks to a `trl vllm-serve` server (`vllm_client.VLLMServerClient`), sending every
       process's rows and handing each its completions.
 
-    The weights vLLM holds are tagged with the policy's version, `(loads, optimizer steps)`: the trainer counts an
-    optimizer step or a checkpoint load as a new version, and `sync_weights` pushes only when the version changed
-    since the last push. `pushes` counts them.
+    The weights vLLM holds are tagged with the policy's version (`PolicyVersion`: optimizer steps and loads), and
+    `sync_weights` pushes only when the version changed since the last push. `pushes` counts them. TRL 1.16's
+    attributes are there too: `llm` (the colocated `vllm.LLM`, else `None`) and `vllm_client` (the server client on
+    the main process, else `None`).
 
     Args:
         generator: the `VLLMGenerator` of this process (`None` on the processes that do not talk to a server).
@@ -61,18 +95,20 @@ class VLLMGeneration:
             every push is checked against before anything is sent.
         accelerator: the trainer's accelerator.
         colocate: whether every process has a generator.
-        in_sync: whether the generator already holds the policy's weights at version `(0, 0)`.
+        in_sync: whether the generator already holds the policy's weights at version 0.
     """
 
     def __init__(self, generator, model, accelerator, colocate: bool, in_sync: bool):
         self.generator = generator
         self.accelerator = accelerator
         self.colocate = colocate
-        self.version = (0, 0) if in_sync else None
+        self.llm = generator.llm if colocate else None
+        self.vllm_client = None if colocate else generator
+        self.version = 0 if in_sync else None
         self.pushes = 0
         self.expected_shapes = vllm_weight_shapes(model)
 
-    def sync_weights(self, model, version: tuple[int, int]) -> bool:
+    def sync_weights(self, model, version: int) -> bool:
         """Push the policy's weights if `version` differs from the one vLLM holds; return whether it pushed. Every
         process must call it (gathering sharded weights is collective).
 
@@ -135,14 +171,21 @@ def build_vllm_generation(args, model, processing_class, given_path: str | None,
     seconds for it; the server's weights are replaced by the policy's before the first generation.
 
     Raises:
+        ValueError: for a quantized policy.
         ImportError: colocate without vLLM (`vllm_utils.require_vllm`).
         ConnectionError: server mode, when the server does not answer within `vllm_server_timeout` (the message names
             its URL).
     """
+    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    if getattr(base, "is_quantized", False):
+        raise ValueError(
+            "use_vllm=True with a quantized policy (quantization_config, load_in_4bit/8bit) is not supported here: "
+            "vLLM would get the packed quantized tensors. Load the policy unquantized, or set use_vllm=False."
+        )
     if args.vllm_mode == "colocate":
         from .vllm_colocate import ColocateEngine
 
-        path, in_sync = engine_model_source(model, processing_class, given_path, model_init_kwargs(args))
+        path, in_sync, temporary = engine_model_source(model, processing_class, given_path, model_init_kwargs(args))
         rows = max(args.generation_batch_size // accelerator.num_processes, args.per_device_eval_batch_size)
         engine = ColocateEngine(
             path,
@@ -155,7 +198,10 @@ def build_vllm_generation(args, model, processing_class, given_path: str | None,
             seed=args.seed + accelerator.process_index,
             device=accelerator.device.type,
             tensor_parallel_size=args.vllm_tensor_parallel_size,
+            trust_remote_code=args.trust_remote_code,
         )
+        if temporary:  # vLLM has read the weights and the tokenizer
+            shutil.rmtree(path, ignore_errors=True)
         return VLLMGeneration(engine, model, accelerator, colocate=True, in_sync=in_sync)
     client = None
     if accelerator.is_main_process:

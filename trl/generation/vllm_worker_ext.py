@@ -102,7 +102,8 @@ class WeightReceiver:
         `lm_head` (whose checkpoint entry vLLM skips) thus keeps the old embedding matrix while `embed_tokens` gets
         the new one (on the CPU, its GEMM kernel packed from the old one stays, even when the parameter is shared).
         Each tied parameter that was not pushed is pointed again at the tied copy that was (the member whose name
-        was among the pushed names), and its module's `quant_method.process_weights_after_loading` runs again.
+        was among the pushed names), and its module's `quant_method.process_weights_after_loading` runs again. A tied
+        group none of whose names was pushed (while others were) raises RuntimeError.
         An in-process engine can call this method through `collective_rpc` too."""
         model = self.get_model()
         groups = {}
@@ -122,6 +123,12 @@ class WeightReceiver:
         for members in tied:
             current = [getattr(module, attr) for _, module, attr in members]
             loaded = [parameter for (name, _, _), parameter in zip(members, current) if name in pushed]
+            if not loaded and pushed:  # e.g. a model whose vLLM names differ from its checkpoint's
+                names = ", ".join(name for name, _, _ in members)
+                raise RuntimeError(
+                    f"vLLM's tied parameters {names} got no pushed tensor under any of these names: they may now hold "
+                    "different weights, so the engine cannot be trusted (restart it)."
+                )
             if not loaded:
                 continue
             for name, module, attr in members:

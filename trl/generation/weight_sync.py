@@ -255,7 +255,8 @@ def vllm_weights(model: nn.Module, accelerator=None) -> Iterator[tuple[str, torc
 def check_vllm_weight_names(
     weights_meta: Iterable[tuple[str, tuple[int, ...]]], expected: dict[str, tuple[int, ...]]
 ) -> None:
-    """Check a push's names and shapes against those the vLLM engine was created with, before anything is sent.
+    """Check a push's names and shapes against the policy's when the trainer was built (what the engine was loaded
+    from, or what a server was first given), before anything is sent.
 
     A `reload_weights` call that meets an unknown name or a wrong shape leaves the engine unusable (its layers stay
     on meta tensors), and one that leaves out part of a fused q/k/v or gate/up weight loads it wrong, so a push
@@ -289,6 +290,6 @@ def check_vllm_weight_names(
         if items
     ]
     raise ValueError(
-        "Refused to push the policy's weights to vLLM (nothing was sent): they do not match the model the vLLM "
-        f"engine was created with; {'; '.join(problems)}. A reload that fails leaves the engine unusable."
+        "Refused to push the policy's weights to vLLM (nothing was sent): they do not match the policy's names "
+        f"and shapes when the trainer was built; {'; '.join(problems)}. A reload that fails leaves the engine unusable."
     )

@@ -143,10 +143,10 @@ class GRPOConfig(TrainingArguments):
             Model code vLLM runs: `"vllm"` (vLLM's own implementation) or `"transformers"` (vLLM's transformers
             backend). Colocate mode; a server takes it from its own flags.
         vllm_enable_sleep_mode (`bool`, *optional*, defaults to `False`):
-            Colocate mode: put the engine to sleep (its weights and KV cache off the accelerator) while the trainer
-            computes the loss and steps, and wake it for the next generation. Less accelerator memory, at the cost of
-            the transfers. vLLM has no sleep mode on the CPU, so `True` is an error for a CPU run with
-            `use_vllm=True` in colocate mode.
+            Colocate mode, in TRL: put the engine to sleep (its weights and KV cache off the accelerator) while the
+            trainer computes the loss and steps, and wake it for the next generation. Not implemented here yet: `True`
+            with `use_vllm=True` in colocate mode is an error (vLLM has no sleep mode on the CPU, and the GPU path has
+            not run yet).
         vllm_structured_outputs_regex (`str` or `None`, *optional*):
             Constrain every completion to match this regular expression (vLLM's structured outputs); `None` leaves
             sampling free.
@@ -884,7 +884,7 @@ class GRPOConfig(TrainingArguments):
 
 def vllm_errors(args: GRPOConfig) -> list[str]:
     """One message per invalid vLLM field of `args`, each saying what to change. Values are checked whether vLLM is
-    on or not; what depends on the run (tensor parallelism, sleep mode on the CPU) only with `use_vllm=True`."""
+    on or not; what depends on the run (tensor parallelism, sleep mode) only with `use_vllm=True`."""
     errors = []
     if args.vllm_mode not in VLLM_MODES:
         errors.append(
@@ -937,10 +937,12 @@ def vllm_errors(args: GRPOConfig) -> list[str]:
             f"vllm_tensor_parallel_size=1, or use vllm_mode='server' with a server started by "
             f"`trl vllm-serve --tensor_parallel_size {size}`."
         )
-    if colocate and args.vllm_enable_sleep_mode and args.device.type == "cpu":
+    if colocate and args.vllm_enable_sleep_mode:
+        where = "vLLM has no sleep mode on the CPU" if args.device.type == "cpu" else "it has not run on a GPU yet"
         errors.append(
-            "vllm_enable_sleep_mode=True on the CPU: vLLM has no sleep mode there (its CPU build refuses it: 'Sleep "
-            "mode is not supported on current platform'); set vllm_enable_sleep_mode=False for a CPU run."
+            f"vllm_enable_sleep_mode=True is not supported here yet ({where}): set vllm_enable_sleep_mode=False; the "
+            "engine then keeps its weights and KV cache between generations (lower vllm_gpu_memory_utilization to "
+            "leave the trainer more memory)."
         )
     return errors
 

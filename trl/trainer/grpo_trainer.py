@@ -33,7 +33,7 @@ from ..generation.grpo_generation import (
     pad_completions,
     sample_completions,
 )
-from ..generation.vllm_generation import build_vllm_generation, padded_logprobs
+from ..generation.vllm_generation import PolicyVersion, build_vllm_generation, padded_logprobs
 from ..generation.vllm_utils import sampling_settings
 from ..models.cpu_memory import RetainFreedMemoryCallback, retain_freed_memory_requested
 from ..models.utils import (
@@ -249,7 +249,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         self._eval_batches = 0  # eval generation batches so far in this evaluation (seeds their sampling)
         self._current_train_step_time = 0.0  # seconds spent in training_step since the last optimizer step
         self._training_layout = False  # set while `_old_per_token_logps` scores
-        self._policy_loads = 0  # checkpoints loaded into the policy: with optimizer steps, the version vLLM must hold
+        self.policy_version = PolicyVersion()  # optimizer steps and loads: vLLM gets the policy when it changed
 
         super().__init__(
             model=model,
@@ -279,16 +279,11 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         prepare_reward_models(self.reward_funcs, self.accelerator)
         # vLLM samples the completions (`use_vllm`): an engine per process, or the main process's server client.
         self.vllm_generation = None
-        self.llm = self.vllm_client = None  # TRL's names for the colocated engine and the server client
         if args.use_vllm:
             self.vllm_sampling = sampling_settings(args, self.eos_token_ids)
             policy = self.accelerator.unwrap_model(self.model)
             self.vllm_generation = build_vllm_generation(args, policy, processing_class, given_path, self.accelerator)
-            generator = self.vllm_generation.generator
-            if args.vllm_mode == "colocate":
-                self.llm = generator.llm
-            else:
-                self.vllm_client = generator
+            self.add_callback(self.policy_version)
 
         self.sync_callback: SyncRefModelCallback | None = None  # a user-supplied one is bound, else one is added
         if args.sync_ref_model:
@@ -345,7 +340,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         )
         self.callback_handler.remove_callback(SyncReferenceAtResume)  # a previous call's, if any
         if checkpoint:
-            self._policy_loads += 1  # the policy's weights are the checkpoint's: vLLM gets them before it samples
+            self.policy_version.bump()  # the checkpoint's weights: vLLM gets them before it samples again
             if self.sync_callback is not None:
                 self._load_reference_state(checkpoint)
             self.generation_buffer.load(checkpoint, self.accelerator)
@@ -365,6 +360,10 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
             self.reward_model_refresh.save(folder, self.args.should_save)
         if self.sync_callback is not None:
             self.reference.save(folder, self.model, self.args.should_save)
+
+    def _load_best_model(self):
+        super()._load_best_model()
+        self.policy_version.bump()  # the best checkpoint's weights: vLLM gets them before it samples again
 
     def _load_callback_state(self) -> None:
         # With `restore_callback_states_from_checkpoint`, Trainer swaps in a new EntropyCoefficient: use that one.
@@ -466,7 +465,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         with self._sampling_rng(mode):
             seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),)).tolist()
         policy = self.accelerator.unwrap_model(self.model)
-        self.vllm_generation.sync_weights(policy, (self._policy_loads, self.state.global_step))
+        self.vllm_generation.sync_weights(policy, self.policy_version.value)
         return self.vllm_generation.generate(prompt_ids, self.vllm_sampling, seeds)
 
     def _generate(self, prompts: list):
