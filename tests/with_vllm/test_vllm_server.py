@@ -210,7 +210,7 @@ def test_lora_soft_sync_save_and_resume_through_the_server(server, model_path, h
     full.train()
     # the server holds another model until the first push; then one push per change followed by a generation
     assert checks.pushed_at == [0, 1, 2] and full.vllm_generation.pushes == 3
-    assert full.vllm_client is full.vllm_generation.generator and full.llm is None
+    assert full.vllm_generation.vllm_client is full.vllm_generation.generator and full.vllm_generation.llm is None
     assert max(logged(full, "sampling/sampling_logp_difference/max")) < LOGPROB_TOLERANCE
     assert logged(full, "ref_model/num_syncs")[-1] == 3
     adapter = {k: v.clone() for k, v in full.model.state_dict().items()}
