@@ -147,7 +147,10 @@ def test_unreachable_server_names_url_timeout_and_command():
         client.wait_until_healthy()
     message = str(error.value)
     assert f"the vLLM server at http://127.0.0.1:{port} was not reachable within vllm_server_timeout=1 s" in message
-    assert "start it with `trl vllm-serve --model <path>`" in message
+    assert (
+        f"start it with `trl vllm-serve --model <path> --host 127.0.0.1 --port {port}` (add `--dtype float32`"
+        in message
+    )
 
 
 class FakeResponse:

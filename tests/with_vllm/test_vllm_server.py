@@ -222,11 +222,17 @@ def test_lora_soft_sync_save_and_resume_through_the_server(server, model_path, h
     resumed_checks = GreedyAfterEachPush(resumed, tokenizer)
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     assert resumed_checks.pushed_at == [2]  # the checkpoint's merged weights, before the first generation
-    assert losses(resumed) == full_losses  # step 3 bitwise, sampled by the server from the same seeds
+    # Step 3 samples the same tokens (the same seeds): the same rewards and, from the restored policy and reference,
+    # the same KL to the bit. The server batches concurrent requests as they arrive, and vLLM's log-probs of the
+    # same tokens move in the last float bits with the batch, so the importance-sampling weights, hence the loss and
+    # the update, agree to float rounding only (colocate sends one batch: bitwise there, test_vllm_colocate.py).
+    assert logged(resumed, "reward") == logged(full, "reward")
+    assert [kl for _, _, kl in losses(resumed)] == [kl for _, _, kl in full_losses]
+    assert [loss for _, loss, _ in losses(resumed)] == pytest.approx([loss for _, loss, _ in full_losses], abs=1e-6)
     for name, value in resumed.model.state_dict().items():
-        assert torch.equal(value, adapter[name]), name
+        torch.testing.assert_close(value, adapter[name], atol=1e-5, rtol=0)
     for name, value in resumed.reference.tensors(resumed.model).items():
-        assert torch.equal(value, reference[name]), name
+        torch.testing.assert_close(value, reference[name], atol=1e-5, rtol=0)
     resumed.vllm_generation.close()
 
 

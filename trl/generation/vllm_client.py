@@ -24,7 +24,6 @@ import requests
 import torch
 
 
-START_HINT = "start it with `trl vllm-serve --model <path>`"
 RESTART_HINT = "the server's weights may be broken: restart it (`trl vllm-serve --model <path>`)"
 # The sampling keys that are not request fields of vLLM's /v1/completions, or that the client sets itself.
 # Groups left by failed pushes (see `VLLMServerClient._drop_group`).
@@ -117,10 +116,13 @@ class VLLMServerClient:
             except requests.RequestException as error:
                 last = type(error).__name__
             if time.monotonic() >= deadline:
+                host, _, port = self.base_url.rpartition("//")[2].partition(":")
                 raise ConnectionError(
                     f"the vLLM server at {self.base_url} was not reachable within vllm_server_timeout="
-                    f"{self.timeout:g} s (last: {last}); {START_HINT} on that host and port, or point "
-                    "vllm_server_base_url (or vllm_server_host/vllm_server_port) at it"
+                    f"{self.timeout:g} s (last: {last}); start it with `trl vllm-serve --model <path> --host {host} "
+                    f"--port {port or 80}` (add `--dtype float32` for a float32 policy on the CPU: vLLM's `auto` "
+                    "serves it in bfloat16 there), or point vllm_server_base_url (or vllm_server_host/"
+                    "vllm_server_port) at it"
                 )
             time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
 

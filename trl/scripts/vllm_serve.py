@@ -19,6 +19,7 @@ trainer runs on another machine of a trusted network.
 """
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -153,11 +154,15 @@ def main(script_args: VLLMServeArguments, extra: list[str] = ()) -> int:
         raise ImportError(f"`trl vllm-serve` needs vLLM, which is not installed: {INSTALL_HINT}")
     command, env = server_command(script_args, cpu=flavour == "cpu", extra=list(extra))
     process = subprocess.Popen(command, env=env)
+    # `kill <pid of trl vllm-serve>` stops the server too (its engine processes follow it)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: process.terminate())
     try:
         return process.wait()
     except KeyboardInterrupt:
         process.terminate()
         return process.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def make_parser():
