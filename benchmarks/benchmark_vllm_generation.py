@@ -28,8 +28,10 @@ import torch  # noqa: E402
 from _smoke import parse_args_with_smoke  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: E402
 
+from trl import GRPOConfig  # noqa: E402
 from trl.generation.grpo_generation import left_pad, sample_completions  # noqa: E402
 from trl.generation.vllm_colocate import ColocateEngine  # noqa: E402
+from trl.generation.vllm_utils import sampling_settings  # noqa: E402
 from trl.tasks import SUM_QUESTION, make_arithmetic_dataset  # noqa: E402
 
 
@@ -76,18 +78,10 @@ def main(argv=None):
     start = time.perf_counter()
     engine = ColocateEngine(model_dir, torch.float32, max_model_len=512, max_num_seqs=len(rows))
     startup = time.perf_counter() - start
-    sampling = dict(
-        temperature=1.0,
-        top_p=1.0,
-        top_k=-1,
-        min_p=0.0,
-        repetition_penalty=1.0,
-        max_tokens=args.max_completion_length,
-        stop_token_ids=[eos],
-        logprobs=0,
-        detokenize=False,
-        structured_outputs_regex=None,
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(), max_completion_length=args.max_completion_length, use_cpu=True, report_to="none"
     )
+    sampling = sampling_settings(config, [eos])  # what the trainer asks vLLM for: temperature 1, top-k off
 
     def tokens_of(completions) -> int:
         return sum(min(len(c), args.max_completion_length) for c in completions)

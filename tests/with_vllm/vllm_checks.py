@@ -7,6 +7,7 @@ from conftest import length_reward, real_grpo_kwargs
 from transformers import TrainerCallback
 
 from trl import GRPOConfig, GRPOTrainer
+from trl.generation.vllm_utils import sampling_settings
 from trl.tasks import SUM_QUESTION, make_arithmetic_dataset
 
 
@@ -27,20 +28,10 @@ def chat_prompt(tokenizer, text: str) -> list[int]:
 
 
 def settings(**overrides) -> dict:
-    """`SamplingParams` keyword arguments as `vllm_utils.sampling_settings` makes them (temperature 1, top-k off)."""
-    base = dict(
-        temperature=1.0,
-        top_p=1.0,
-        top_k=-1,
-        min_p=0.0,
-        repetition_penalty=1.0,
-        max_tokens=GREEDY_TOKENS,
-        stop_token_ids=[EOS],
-        logprobs=0,
-        detokenize=False,
-        structured_outputs_regex=None,
-    )
-    return {**base, **overrides}
+    """`SamplingParams` keyword arguments as the trainer makes them (`vllm_utils.sampling_settings` of a default
+    config: temperature 1, top-k off, `GREEDY_TOKENS` tokens, stop at `<|im_end|>`), with `overrides`."""
+    config = GRPOConfig(output_dir="unused", max_completion_length=GREEDY_TOKENS, use_cpu=True, report_to="none")
+    return {**sampling_settings(config, [EOS]), **overrides}
 
 
 @torch.no_grad()
