@@ -78,10 +78,10 @@ def main(argv=None):
     start = time.perf_counter()
     engine = ColocateEngine(model_dir, torch.float32, max_model_len=512, max_num_seqs=len(rows))
     startup = time.perf_counter() - start
-    config = GRPOConfig(
+    grpo_config = GRPOConfig(
         output_dir=tempfile.mkdtemp(), max_completion_length=args.max_completion_length, use_cpu=True, report_to="none"
     )
-    sampling = sampling_settings(config, [eos])  # what the trainer asks vLLM for: temperature 1, top-k off
+    sampling = sampling_settings(grpo_config, [eos])  # what the trainer asks vLLM for: temperature 1, top-k off
 
     def tokens_of(completions) -> int:
         return sum(min(len(c), args.max_completion_length) for c in completions)
