@@ -13,6 +13,7 @@ import copy
 import os
 import re
 import sys
+from collections import Counter
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -58,6 +59,11 @@ def layer_of(name: str) -> str:
     return f"layer{match.group(1)}" if match else "rest"
 
 
+def parameters_per_group(names) -> dict[str, int]:
+    """How many of the parameter `names` each group (`layer_of`) holds."""
+    return dict(Counter(layer_of(name) for name in names))
+
+
 def compare(received: list, expected: dict) -> dict:
     return {
         "names_equal": sorted(n for n, _ in received) == sorted(expected) and len(received) == len(expected),
@@ -100,9 +106,7 @@ def run_zero3(model_dir: str) -> dict:
         finally:
             deepspeed.zero.GatheredParameters.__init__ = original
         params = list(engine.module.parameters())
-        group_sizes = {}
-        for n in names.values():
-            group_sizes[layer_of(n)] = group_sizes.get(layer_of(n), 0) + 1
+        group_sizes = parameters_per_group(names.values())
         out[case] = {
             **compare(received, expected),
             "shapes_equal": shapes == {n: tuple(t.shape) for n, t in expected.items()},
@@ -149,9 +153,7 @@ def run_fsdp2(model_dir: str) -> dict:
                 received.append((name, tensor))
         finally:
             DTensor.full_tensor = original
-        group_sizes = {}
-        for n, p in model.named_parameters():
-            group_sizes[layer_of(n)] = group_sizes.get(layer_of(n), 0) + 1
+        group_sizes = parameters_per_group(n for n, _ in model.named_parameters())
         out[case] = {
             **compare(received, expected),
             "shapes_equal": shapes == {n: tuple(t.shape) for n, t in expected.items()},
