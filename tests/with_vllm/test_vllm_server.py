@@ -22,6 +22,7 @@ from vllm_checks import (
     logged,
     logprob_error,
     losses,
+    settings,
     transformers_greedy,
     trl_grpo_flags,
     vllm_trainer,
@@ -95,10 +96,9 @@ def prompts(hf) -> list[list[int]]:
     return rows
 
 
-def sampling(tokenizer, temperature: float, **overrides) -> dict:
-    settings = dict(temperature=temperature, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0)
-    settings.update(max_tokens=MAX_TOKENS, stop_token_ids=[tokenizer.eos_token_id], logprobs=0)
-    return {**settings, **overrides}
+def sampling(temperature: float, **overrides) -> dict:
+    """The trainer's sampling settings (`vllm_checks.settings`) at `temperature`, `MAX_TOKENS` tokens."""
+    return settings(**{"temperature": temperature, "max_tokens": MAX_TOKENS, **overrides})
 
 
 def hf_greedy(model, tokenizer, prompts) -> list[list[int]]:
@@ -107,20 +107,19 @@ def hf_greedy(model, tokenizer, prompts) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def sampled(server, hf, prompts):
+def sampled(server, prompts):
     """2 prompts x 4 rows x 16 tokens at temperature 0.7, seeds 11..18."""
-    _, tokenizer = hf
     rows = [ids for ids in prompts for _ in range(4)]
     seeds = list(range(11, 11 + len(rows)))
     started = time.monotonic()
-    ids, logps = server.generate(rows, sampling(tokenizer, 0.7), seeds)
+    ids, logps = server.generate(rows, sampling(0.7), seeds)
     print(f"\n[vllm server] generate 2 prompts x 4 x {MAX_TOKENS} tokens: {time.monotonic() - started:.2f} s")
     return rows, seeds, ids, logps
 
 
 def test_greedy_equals_transformers(server, hf, prompts):
     model, tokenizer = hf
-    ids, logps = server.generate(prompts, sampling(tokenizer, 0.0), seeds=[0, 1])
+    ids, logps = server.generate(prompts, sampling(0.0), seeds=[0, 1])
     assert ids == hf_greedy(model, tokenizer, prompts)
     assert [len(row) for row in logps] == [len(row) for row in ids]
 
@@ -130,12 +129,11 @@ def test_sampled_logprobs_equal_trainer_logprobs(sampled, hf):
     assert logprob_error(hf[0], rows, ids, logps, 0.7) < 1e-4
 
 
-def test_seeds_decide_the_samples(server, sampled, hf):
-    _, tokenizer = hf
+def test_seeds_decide_the_samples(server, sampled):
     rows, seeds, ids, _ = sampled
-    again, _ = server.generate(rows[::-1], sampling(tokenizer, 0.7), seeds[::-1])  # order must not matter
+    again, _ = server.generate(rows[::-1], sampling(0.7), seeds[::-1])  # order must not matter
     assert again[::-1] == ids
-    other, _ = server.generate(rows, sampling(tokenizer, 0.7), [seed + 1000 for seed in seeds])
+    other, _ = server.generate(rows, sampling(0.7), [seed + 1000 for seed in seeds])
     assert other != ids
     assert len({tuple(row) for row in ids[:4]}) > 1  # one prompt, four seeds: not all the same sample
 
@@ -143,8 +141,8 @@ def test_seeds_decide_the_samples(server, sampled, hf):
 def test_structured_outputs_regex(server, hf, prompts):
     _, tokenizer = hf
     pattern = r"[0-9]{2,4}"
-    settings = sampling(tokenizer, 1.0, max_tokens=8, structured_outputs_regex=pattern)
-    ids, _ = server.generate(prompts * 2, settings, seeds=[1, 2, 3, 4])
+    constrained = sampling(1.0, max_tokens=8, structured_outputs_regex=pattern)
+    ids, _ = server.generate(prompts * 2, constrained, seeds=[1, 2, 3, 4])
     for row in ids:
         text = tokenizer.decode([token for token in row if token != tokenizer.eos_token_id])
         assert re.fullmatch(pattern, text), text
@@ -153,7 +151,7 @@ def test_structured_outputs_regex(server, hf, prompts):
 def test_pushed_weights_are_served(server, hf, prompts):
     model, tokenizer = hf
     original = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    before, _ = server.generate(prompts, sampling(tokenizer, 0.0), seeds=[0, 1])
+    before, _ = server.generate(prompts, sampling(0.0), seeds=[0, 1])
 
     def policy_weights():  # lazy, as the trainer's iterator; the tied lm_head is not a checkpoint entry
         for name, tensor in model.state_dict().items():
@@ -169,17 +167,17 @@ def test_pushed_weights_are_served(server, hf, prompts):
         sent = server.load_weights(policy_weights())
         print(f"\n[vllm server] push of {sent} tensors (135M fp32): {time.monotonic() - started:.2f} s")
         assert sent == len([name for name in original if name != "lm_head.weight"])
-        after, _ = server.generate(prompts, sampling(tokenizer, 0.0), seeds=[0, 1])
+        after, _ = server.generate(prompts, sampling(0.0), seeds=[0, 1])
         assert after == hf_greedy(model, tokenizer, prompts)
         assert after != before
         # The tied lm_head follows the pushed embedding (vLLM's reload alone keeps the old one: see
         # WeightReceiver.reload_checkpoint_weights); greedy ids rarely show it, log-probs do.
-        ids, logps = server.generate(prompts, sampling(tokenizer, 1.0), seeds=[3, 4])
+        ids, logps = server.generate(prompts, sampling(1.0), seeds=[3, 4])
         assert logprob_error(model, prompts, ids, logps, 1.0) < 1e-4
     finally:
         model.load_state_dict(original)
         server.load_weights(policy_weights())
-    restored, _ = server.generate(prompts, sampling(tokenizer, 0.0), seeds=[0, 1])
+    restored, _ = server.generate(prompts, sampling(0.0), seeds=[0, 1])
     assert restored == before
     assert server.num_pushes == 2
 

@@ -27,11 +27,17 @@ def chat_prompt(tokenizer, text: str) -> list[int]:
     return list(ids["input_ids"])
 
 
+# `SamplingParams` keyword arguments as the trainer makes them (`vllm_utils.sampling_settings` of a default config:
+# temperature 1, top-k off, `GREEDY_TOKENS` tokens, stop at `<|im_end|>`). Built once, at import: a `GRPOConfig` made
+# while a trainer runs resets accelerate's state under it (transformers' `TrainingArguments._setup_devices`).
+DEFAULT_SAMPLING = sampling_settings(
+    GRPOConfig(output_dir="unused", max_completion_length=GREEDY_TOKENS, use_cpu=True, report_to="none"), [EOS]
+)
+
+
 def settings(**overrides) -> dict:
-    """`SamplingParams` keyword arguments as the trainer makes them (`vllm_utils.sampling_settings` of a default
-    config: temperature 1, top-k off, `GREEDY_TOKENS` tokens, stop at `<|im_end|>`), with `overrides`."""
-    config = GRPOConfig(output_dir="unused", max_completion_length=GREEDY_TOKENS, use_cpu=True, report_to="none")
-    return {**sampling_settings(config, [EOS]), **overrides}
+    """`DEFAULT_SAMPLING` with `overrides`."""
+    return {**DEFAULT_SAMPLING, **overrides}
 
 
 @torch.no_grad()
