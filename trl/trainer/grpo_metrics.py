@@ -296,3 +296,25 @@ def window_mean(values: list[float]) -> float | None:
     """
     valid = [v for v in values if not math.isnan(v)]
     return sum(valid) / len(valid) if valid else None
+
+
+def check_metric_for_best_model(metric_for_best_model: str | None, eval_dataset) -> None:
+    """With several named eval datasets (`eval_dataset={"a": ..., "b": ...}`), the GRPO metrics of each are returned
+    and logged as `eval_<name>_<metric>` (transformers' naming of `eval_<name>_loss`), so `metric_for_best_model`
+    must name the dataset it is read from; checked before training, rather than at the first evaluation.
+
+    Raises:
+        ValueError: if `eval_dataset` is a dict and `metric_for_best_model` (with transformers' `eval_` prefix added
+            when missing) names none of its datasets, e.g. `"eval_reward"`; the message lists the names to use.
+    """
+    if metric_for_best_model is None or not isinstance(eval_dataset, dict):
+        return
+    metric = metric_for_best_model if metric_for_best_model.startswith("eval_") else f"eval_{metric_for_best_model}"
+    if any(metric.startswith(f"eval_{name}_") for name in eval_dataset):
+        return
+    bare = metric.removeprefix("eval_")
+    choices = ", ".join(f'"eval_{name}_{bare}"' for name in eval_dataset)
+    raise ValueError(
+        f"metric_for_best_model={metric_for_best_model!r} names no eval dataset: with several eval datasets each one's "
+        f"metrics are named eval_<name>_<metric>. Set GRPOConfig(metric_for_best_model=...) to one of {choices}."
+    )

@@ -81,6 +81,7 @@ from .grpo_losses import (
 )
 from .grpo_metrics import (
     batch_completions_table,
+    check_metric_for_best_model,
     generation_batch_metrics,
     loss_metrics,
     print_completions_table,
@@ -215,6 +216,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         check_prompt_counts(args, train_dataset, eval_dataset)  # before any generation
         check_reward_columns(self.reward_funcs, self.reward_func_names, train_dataset, eval_dataset)
         check_stream_settings(args, train_dataset, eval_dataset)  # before the accelerator is built
+        check_metric_for_best_model(args.metric_for_best_model, eval_dataset)
 
         # Reference model: a frozen copy, a frozen adapter of a PEFT policy, or none (see `ReferenceModel`)
         self.beta = args.beta
@@ -247,6 +249,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         # the training generation batch as micro-batches, and the micro-step (TRL's `_buffered_inputs` and `_step`)
         self.generation_buffer = GenerationBuffer(args.steps_per_generation, args.num_iterations)
         self._eval_batches = 0  # eval generation batches so far in this evaluation (seeds their sampling)
+        self._eval_metric_prefix = "eval"  # the running `evaluate`'s metric_key_prefix, named in the GRPO eval metrics
         self._current_train_step_time = 0.0  # seconds spent in training_step since the last optimizer step
         self._training_layout = False  # set while `_old_per_token_logps` scores
         self.policy_version = PolicyVersion()  # optimizer steps and loads: vLLM gets the policy when it changed
@@ -409,9 +412,16 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         process, device = self.accelerator.process_index, self.accelerator.device
         return sampling_rng(self.args.seed, mode == "eval", position, process, device)
 
-    def evaluate(self, *args, **kwargs):
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """transformers' `evaluate`, whose returned metrics also hold the GRPO ones (`eval_reward`, ...), so that
+        `metric_for_best_model` can name them; they take `metric_key_prefix` (`eval_<name>_reward` for a named eval
+        dataset, `test_reward` for `metric_key_prefix="test"`)."""
         self._eval_batches = 0  # eval sampling is seeded by (optimizer step, batch index): resume-proof
-        return super().evaluate(*args, **kwargs)
+        self._eval_metric_prefix = metric_key_prefix
+        try:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        finally:
+            self._eval_metric_prefix = "eval"
 
     def _tokenize_prompts(self, prompts: list) -> tuple[list[list[int]], None, dict]:
         """TRL 1.16's prompt tokenisation step: `(prompt_ids, images, multimodal_fields)`, with `prompt_ids` one list
@@ -779,10 +789,11 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         mode = "train" if self.model.training else "eval"
         metrics = {key: window_mean(values) for key, values in self._metrics[mode].items() if values}
         if mode == "eval":
-            metrics = {f"eval_{key}": value for key, value in metrics.items()}
+            metrics = {f"{self._eval_metric_prefix}_{key}": value for key, value in metrics.items()}
         elif self.sync_callback is not None:
             metrics.update(self.sync_callback.metrics(self.state.global_step))
-        super().log({**logs, **metrics}, start_time)
+        logs.update(metrics)  # in place, as transformers adds "epoch": `evaluate` returns this dict
+        super().log(logs, start_time)
         self._metrics[mode].clear()
         printable = self.args.log_completions and self._last_completions and self.accelerator.is_main_process
         if mode == "train" and printable:
