@@ -298,16 +298,18 @@ def window_mean(values: list[float]) -> float | None:
     return sum(valid) / len(valid) if valid else None
 
 
-def check_metric_for_best_model(metric_for_best_model: str | None, eval_dataset) -> None:
+def check_metric_for_best_model(args, eval_dataset) -> None:
     """With several named eval datasets (`eval_dataset={"a": ..., "b": ...}`), the GRPO metrics of each are returned
-    and logged as `eval_<name>_<metric>` (transformers' naming of `eval_<name>_loss`), so `metric_for_best_model`
-    must name the dataset it is read from; checked before training, rather than at the first evaluation.
+    and logged as `eval_<name>_<metric>` (transformers' naming of `eval_<name>_loss`), so when evaluations choose the
+    best checkpoint (`args.metric_for_best_model` set, `args.eval_strategy` not `"no"`), the metric must name the dataset
+    it is read from; checked before training, rather than at the first evaluation.
 
     Raises:
         ValueError: if `eval_dataset` is a dict and `metric_for_best_model` (with transformers' `eval_` prefix added
             when missing) names none of its datasets, e.g. `"eval_reward"`; the message lists the names to use.
     """
-    if metric_for_best_model is None or not isinstance(eval_dataset, dict):
+    metric_for_best_model = args.metric_for_best_model
+    if metric_for_best_model is None or args.eval_strategy == "no" or not isinstance(eval_dataset, dict):
         return
     metric = metric_for_best_model if metric_for_best_model.startswith("eval_") else f"eval_{metric_for_best_model}"
     if any(metric.startswith(f"eval_{name}_") for name in eval_dataset):

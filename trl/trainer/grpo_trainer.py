@@ -216,7 +216,7 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         check_prompt_counts(args, train_dataset, eval_dataset)  # before any generation
         check_reward_columns(self.reward_funcs, self.reward_func_names, train_dataset, eval_dataset)
         check_stream_settings(args, train_dataset, eval_dataset)  # before the accelerator is built
-        check_metric_for_best_model(args.metric_for_best_model, eval_dataset)
+        check_metric_for_best_model(args, eval_dataset)
 
         # Reference model: a frozen copy, a frozen adapter of a PEFT policy, or none (see `ReferenceModel`)
         self.beta = args.beta
@@ -412,16 +412,19 @@ class GRPOTrainer(TRLTrainerSurface, Trainer):
         process, device = self.accelerator.process_index, self.accelerator.device
         return sampling_rng(self.args.seed, mode == "eval", position, process, device)
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+    def evaluate(
+        self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float | None]:
         """transformers' `evaluate`, whose returned metrics also hold the GRPO ones (`eval_reward`, ...), so that
         `metric_for_best_model` can name them; they take `metric_key_prefix` (`eval_<name>_reward` for a named eval
-        dataset, `test_reward` for `metric_key_prefix="test"`)."""
+        dataset, `test_reward` for `metric_key_prefix="test"`) and cover this evaluation only."""
         self._eval_batches = 0  # eval sampling is seeded by (optimizer step, batch index): resume-proof
-        self._eval_metric_prefix = metric_key_prefix
+        self._metrics["eval"].clear()  # nothing from an interrupted evaluation or a `predict` call
+        outer_prefix, self._eval_metric_prefix = self._eval_metric_prefix, metric_key_prefix
         try:
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         finally:
-            self._eval_metric_prefix = "eval"
+            self._eval_metric_prefix = outer_prefix
 
     def _tokenize_prompts(self, prompts: list) -> tuple[list[list[int]], None, dict]:
         """TRL 1.16's prompt tokenisation step: `(prompt_ids, images, multimodal_fields)`, with `prompt_ids` one list
