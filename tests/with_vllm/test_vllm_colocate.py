@@ -30,6 +30,32 @@ from trl.generation.vllm_colocate import ColocateEngine
 peft = pytest.importorskip("peft")
 
 
+# ---- first, while this process holds no engine and no trainer (two training processes, each with an engine and a
+# SmolLM2 trainer, need ~11 GB; run later, beside the module's engine and the trainers of the tests before, the
+# machine's 24 GB ran out) ----
+
+
+def test_two_training_processes_each_with_an_engine(smollm2_path, tmp_path):
+    """`torchrun --nproc_per_node 2` (DDP on gloo): every process samples its rows with its own engine, which joins the
+    processes' torch.distributed run; both push after step 1 and end with the same policy."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += [os.path.join(here, "colocate_worker.py"), smollm2_path, str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-6000:]
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["world_size"], result["distributed"], result["step"]) == (rank, 2, 2, 2)
+        assert result["pushed_at"] == [1] and result["pushes"] == 1
+        assert max(result["logp_difference_max"]) < LOGPROB_TOLERANCE
+        assert result["num_syncs"][-1] == 2
+    assert results[0]["policy_sha256"] == results[1]["policy_sha256"]
+
+
+# ---- one engine against transformers ----
+
+
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
     engine = ColocateEngine(smollm2_path, torch.float32, max_model_len=512, max_num_seqs=16)
@@ -147,21 +173,3 @@ def test_trl_grpo_command_line_with_use_vllm(smollm2_path, tmp_path):
     assert logged(trainer, "ref_model/num_syncs")[-1] == 2
     assert max(logged(trainer, "sampling/sampling_logp_difference/max")) < LOGPROB_TOLERANCE
     trainer.vllm_generation.close()
-
-
-def test_two_training_processes_each_with_an_engine(smollm2_path, tmp_path):
-    """`torchrun --nproc_per_node 2` (DDP on gloo): every process samples its rows with its own engine, which joins the
-    processes' torch.distributed run; both push after step 1 and end with the same policy."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command += [os.path.join(here, "colocate_worker.py"), smollm2_path, str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-6000:]
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    for rank, result in enumerate(results):
-        assert (result["rank"], result["world_size"], result["distributed"], result["step"]) == (rank, 2, 2, 2)
-        assert result["pushed_at"] == [1] and result["pushes"] == 1
-        assert max(result["logp_difference_max"]) < LOGPROB_TOLERANCE
-        assert result["num_syncs"][-1] == 2
-    assert results[0]["policy_sha256"] == results[1]["policy_sha256"]
