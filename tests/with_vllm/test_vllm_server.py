@@ -19,7 +19,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from vllm_checks import (
     LOGPROB_TOLERANCE,
     GreedyAfterEachPush,
-    collect_garbage,  # noqa: F401 (an autouse fixture)
     logged,
     logprob_error,
     losses,

@@ -2,10 +2,8 @@
 """What the colocate and server tests share: chat prompts, transformers' greedy completions and log-probs to compare
 vLLM's with, a trainer that samples with vLLM, and the check run after every weight push."""
 
-import gc
 import weakref
 
-import pytest
 import torch
 from conftest import length_reward, real_grpo_kwargs
 from transformers import TrainerCallback
@@ -19,14 +17,6 @@ GREEDY_TOKENS = 12
 # vLLM's float32 log-probs against transformers' for the same tokens and weights (2.5e-5 seen at most)
 LOGPROB_TOLERANCE = 1e-4
 EOS = 2  # SmolLM2's <|im_end|>
-
-
-@pytest.fixture(autouse=True)
-def collect_garbage():
-    """Collected after each test: a trainer holds reference cycles, so without it the trainers (and colocated engines)
-    of earlier tests stay in memory beside the next test's."""
-    yield
-    gc.collect()
 
 
 def sum_questions(n: int = 8):
